@@ -1,0 +1,60 @@
+"""Errors raised by the emulator.
+
+Every misuse of the emulated machine raises a subclass of :class:`EmulatorError` from
+``world.run`` at once (never a hang), and the message names the ranks involved and what
+to do about it.
+"""
+
+
+class EmulatorError(Exception):
+    """Base class of every error the emulator raises on purpose."""
+
+
+class CollectiveMismatchError(EmulatorError):
+    """Ranks of one group called different collectives, or one collective with
+    different shapes, dtypes or arguments, at the same point of their programs."""
+
+
+class DeadlockError(EmulatorError):
+    """Every live rank is blocked and no collective or receive can ever complete."""
+
+
+class RankError(EmulatorError):
+    """A rank's own code raised; the other ranks were stopped.
+
+    ``rank`` is the global rank, ``original`` the exception it raised and
+    ``rank_traceback`` its traceback as text.
+    """
+
+    def __init__(self, rank, original, rank_traceback):
+        self.rank = rank
+        self.original = original
+        self.rank_traceback = rank_traceback
+        super().__init__(
+            f"rank {rank} raised {type(original).__name__}: {original}\n"
+            f"--- traceback of rank {rank} ---\n{rank_traceback}"
+        )
+
+
+class ArgumentError(EmulatorError, ValueError):
+    """An argument the emulator cannot use (unknown reduce op or algorithm, bad src)."""
+
+
+class ShapeError(EmulatorError, ValueError):
+    """An array cannot be used the way the collective needs (e.g. uneven split)."""
+
+
+class PeerError(EmulatorError, ValueError):
+    """A point-to-point peer is invalid: the rank itself, or out of range."""
+
+
+class GroupError(EmulatorError, ValueError):
+    """A rank used a group it is not in, or a mesh axis that does not exist."""
+
+
+class MeshError(EmulatorError, ValueError):
+    """A mesh whose axis sizes do not multiply to the world size, or a bad axis."""
+
+
+class MemoryLedgerError(EmulatorError, ValueError):
+    """Misuse of a rank's memory ledger (unknown name, name held twice, bad kind)."""
