@@ -17,9 +17,10 @@ yields the :class:`Messages` of each communication step. Three things use it:
 engine in :mod:`emulator.world` (which needs the results plus the messages, to charge time
 and record the trace).
 
-A ring step is one vectorised operation over all ranks (every rank sends at once). The
-ring keeps each rank's chunks *rotated* (slot j of rank r holds chunk (r + j) mod n), so
-that "rank r sends to rank r+1" is two slices of one array, not a loop over ranks.
+A ring step is one vectorised operation over all ranks (every rank sends at once): the
+buffers are stacked as rows ``rank * n + chunk`` of one array, and the chunks that move in
+a step lie on a wrapped diagonal, which is a strided slice (step n+1) of those rows. So
+"every rank r passes one chunk to rank r+1" is three slice operations, not a loop over ranks.
 """
 
 from dataclasses import dataclass
@@ -150,36 +151,51 @@ def _check_same(bufs, what):
     return a0.shape, a0.dtype
 
 
-@lru_cache(maxsize=64)
-def _rotation(n):
-    """Index arrays: rank r's slot j holds chunk (r + j) mod n, and back."""
-    r = np.arange(n)[:, None]
-    fwd = (r + np.arange(n)[None, :]) % n
-    back = (np.arange(n)[None, :] - r) % n
-    return r, fwd, back
+def _stack(bufs, n, m, total):
+    """Stack flat buffers as (n, n, m): rank, chunk, element (zero-padded at the end)."""
+    if total == n * m:
+        return np.stack([np.asarray(b).reshape(-1) for b in bufs]).reshape(n, n, m)
+    X = np.zeros((n, n * m), dtype=np.asarray(bufs[0]).dtype)
+    for r, b in enumerate(bufs):
+        X[r, :total] = np.asarray(b).reshape(-1)
+    return X.reshape(n, n, m)
 
 
-def _rotate_in(bufs, n, m, pad):
-    """Stack flat buffers into the ring's rotated layout, shape (n, n, m)."""
-    stacked = np.stack([np.asarray(b).reshape(-1) for b in bufs])
-    if pad:
-        stacked = np.concatenate([stacked, np.zeros((n, pad), stacked.dtype)], axis=1)
-    r, fwd, _ = _rotation(n)
-    return stacked.reshape(n, n, m)[r, fwd]
+def _ring_pass(X, shift, ufunc=None):
+    """Every rank r passes its chunk (r - shift) mod n to rank r+1, which combines it with
+    its own copy (``ufunc``) or stores it (``ufunc=None``); all ranks at once.
+
+    In the flat rows F[rank * n + chunk], rank r's chunk sits at r*(n+1) - shift (plus n
+    when it wraps) and the receiver's copy n rows later, except for rank n-1 whose
+    receiver is rank 0: two strided slices and one row."""
+    n = X.shape[0]
+    F = X.reshape(n * n, -1)
+    for src, dst in _ring_slices(n, shift):
+        if ufunc is None:
+            F[dst] = F[src]
+        else:
+            d = F[dst]
+            ufunc(d, F[src], out=d)
 
 
-def _rotate_out(rot, total):
-    """Each rank's buffer back in natural chunk order, trimmed to ``total`` elements."""
-    n, _, m = rot.shape
-    r, _, back = _rotation(n)
-    out = rot[r, back].reshape(n, n * m)
-    return out if total == n * m else out[:, :total]
+@lru_cache(maxsize=1024)
+def _ring_slices(n, shift):
+    """(source rows, destination rows) of one ring pass, as slices of F[rank * n + chunk]."""
+    step, pairs = n + 1, []
+    for r0, r1, wrap in ((shift, n - 1, 0), (0, min(shift, n - 1), n)):
+        if r1 > r0:
+            a = r0 * step - shift + wrap
+            b = (r1 - 1) * step - shift + wrap + 1
+            pairs.append((slice(a, b, step), slice(a + n, b + n, step)))
+    c = (n - 1 - shift) % n
+    pairs.append((slice((n - 1) * n + c, (n - 1) * n + c + 1), slice(c, c + 1)))
+    return tuple(pairs)
 
 
-def _natural_view(rot):
-    """Rotated (n, n, m) -> per-rank natural chunk order (copies; for snapshots only)."""
-    n = rot.shape[0]
-    return [np.roll(rot[r], r, axis=0).copy() for r in range(n)]
+def _diagonal(X):
+    """Rows (r, r): the chunk each rank owns. A strided view."""
+    n = X.shape[0]
+    return X.reshape(n * n, -1)[:: n + 1]
 
 
 def _chunk_nbytes(total, n, itemsize):
@@ -190,25 +206,20 @@ def _chunk_nbytes(total, n, itemsize):
 
 
 # --------------------------------------------------------------------------- ring
-def _ring_reduce_scatter(rot, op, chunk_bytes):
+def _ring_reduce_scatter(X, op, chunk_bytes):
     """Step s: every rank r sends chunk (r-s-1) mod n to rank r+1, which combines it
     with its own copy. After n-1 steps rank r holds chunk r, reduced over all ranks."""
-    n = rot.shape[0]
     ufunc = _UFUNC[op]
-    for s, msg in enumerate(_ring_messages(n, "reduce-scatter", chunk_bytes)):
-        send, recv = n - 1 - s, n - 2 - s  # slots, in the rotated layout
-        ufunc(rot[1:, recv], rot[:-1, send], out=rot[1:, recv])
-        ufunc(rot[0, recv], rot[-1, send], out=rot[0, recv])
+    for s, msg in enumerate(_ring_messages(X.shape[0], "reduce-scatter", chunk_bytes)):
+        _ring_pass(X, s + 1, ufunc)
         yield msg
 
 
-def _ring_all_gather(rot, chunk_bytes):
-    """Step s: every rank r passes on chunk (r-s) mod n (the last complete chunk it got)."""
-    n = rot.shape[0]
-    for s, msg in enumerate(_ring_messages(n, "all-gather", chunk_bytes)):
-        send, recv = (n - s) % n, n - 1 - s
-        rot[1:, recv] = rot[:-1, send]
-        rot[0, recv] = rot[-1, send]
+def _ring_all_gather(X, chunk_bytes):
+    """Step s: every rank r passes on chunk (r-s) mod n, the last complete chunk it got.
+    Starts from rank r holding complete chunk r; ends with every rank holding all."""
+    for s, msg in enumerate(_ring_messages(X.shape[0], "all-gather", chunk_bytes)):
+        _ring_pass(X, s)
         yield msg
 
 
@@ -366,20 +377,11 @@ def plan_all_reduce(bufs, op="sum", algorithm="ring"):
     _check_algorithm(algorithm)
     n, total = len(bufs), math.prod(shape)
     chunk_bytes, m = _chunk_nbytes(total, n, dtype.itemsize)
+    X = _stack(bufs, n, m, total)
     if algorithm == "ring":
-        X = _rotate_in(bufs, n, m, n * m - total)
-
-        def gen():
-            yield from _ring_reduce_scatter(X, op, chunk_bytes)
-            yield from _ring_all_gather(X, chunk_bytes)
-
-        def results():
-            out = _finish_mean(_rotate_out(X, total), op, n)
-            return [out[r].reshape(shape) for r in range(n)]
-
-        return _Plan(gen(), results, lambda: _natural_view(X), partial(_reduce_holds, n),
-                     _ring_all_reduce_messages(n, chunk_bytes))
-    X = _natural_stack(bufs, n, m, total)
+        gen = _chain(_ring_reduce_scatter(X, op, chunk_bytes), _ring_all_gather(X, chunk_bytes))
+        return _Plan(gen, lambda: _natural_results(X, total, shape, op, copy=False), lambda: list(X.copy()),
+                     partial(_reduce_holds, n), _ring_all_reduce_messages(n, chunk_bytes))
     if algorithm == "tree":
         gen = _chain(_tree_reduce(X, op, chunk_bytes), _tree_broadcast(X, chunk_bytes))
     else:
@@ -400,26 +402,21 @@ def plan_reduce_scatter(bufs, op="sum", algorithm="ring"):
     out_shape = (shape[0] // n,) + shape[1:]
     total = math.prod(shape)
     chunk_bytes, m = _chunk_nbytes(total, n, dtype.itemsize)
+    X = _stack(bufs, n, m, total)
+    static = None
     if algorithm == "ring":
-        X = _rotate_in(bufs, n, m, 0)
-
-        def results():
-            out = _finish_mean(X[:, 0].copy(), op, n)
-            return [out[r].reshape(out_shape) for r in range(n)]
-
-        return _Plan(_ring_reduce_scatter(X, op, chunk_bytes), results, lambda: _natural_view(X),
-                     partial(_reduce_holds, n), _ring_messages(n, "reduce-scatter", chunk_bytes))
-    X = _natural_stack(bufs, n, m, total)
-    if algorithm == "tree":
+        gen = _ring_reduce_scatter(X, op, chunk_bytes)
+        static = _ring_messages(n, "reduce-scatter", chunk_bytes)
+    elif algorithm == "tree":
         gen = _chain(_tree_reduce(X, op, chunk_bytes), _tree_scatter(X, chunk_bytes))
     else:
         gen = _chain(_naive_reduce(X, op, chunk_bytes), _naive_scatter(X, chunk_bytes))
 
     def results():
-        out = _finish_mean(X[np.arange(n), np.arange(n)], op, n)
+        out = _finish_mean(_diagonal(X).copy(), op, n)
         return [out[r].reshape(out_shape) for r in range(n)]
 
-    return _Plan(gen, results, lambda: list(X.copy()), partial(_reduce_holds, n))
+    return _Plan(gen, results, lambda: list(X.copy()), partial(_reduce_holds, n), static)
 
 
 def plan_all_gather(bufs, algorithm="ring"):
@@ -431,23 +428,17 @@ def plan_all_gather(bufs, algorithm="ring"):
     chunk_bytes = (m * dtype.itemsize,) * n
     out_shape = (n * shape[0],) + shape[1:]
     X = np.empty((n, n, m), dtype=dtype)
+    _diagonal(X)[:] = np.stack([np.asarray(b).reshape(-1) for b in bufs])
+    static = None
     if algorithm == "ring":
-        for r, b in enumerate(bufs):
-            X[r, 0] = np.asarray(b).reshape(-1)
         gen = _ring_all_gather(X, chunk_bytes)
-        results = lambda: [row.reshape(out_shape) for row in _rotate_out(X, n * m)]  # noqa: E731
-        snap = lambda: _natural_view(X)  # noqa: E731
+        static = _ring_messages(n, "all-gather", chunk_bytes)
+    elif algorithm == "tree":
+        gen = _chain(_tree_gather(X, chunk_bytes), _tree_broadcast(X, chunk_bytes))
     else:
-        for r, b in enumerate(bufs):
-            X[r, r] = np.asarray(b).reshape(-1)
-        if algorithm == "tree":
-            gen = _chain(_tree_gather(X, chunk_bytes), _tree_broadcast(X, chunk_bytes))
-        else:
-            gen = _chain(_naive_gather(X, chunk_bytes), _naive_broadcast(X, chunk_bytes))
-        results = lambda: [X[r].reshape(out_shape) for r in range(n)]  # noqa: E731
-        snap = lambda: list(X.copy())  # noqa: E731
-    static = _ring_messages(n, "all-gather", chunk_bytes) if algorithm == "ring" else None
-    return _Plan(gen, results, snap, partial(_gather_holds, n), static)
+        gen = _chain(_naive_gather(X, chunk_bytes), _naive_broadcast(X, chunk_bytes))
+    results = lambda: [X[r].reshape(out_shape) for r in range(n)]  # noqa: E731
+    return _Plan(gen, results, lambda: list(X.copy()), partial(_gather_holds, n), static)
 
 
 def plan_broadcast(bufs, src=0, algorithm="tree"):
@@ -466,16 +457,12 @@ def plan_broadcast(bufs, src=0, algorithm="tree"):
     return _Plan(gen, lambda: [X[r, 0].reshape(shape) for r in range(n)], lambda: list(X.copy()), partial(_broadcast_holds, n, src))
 
 
-def _natural_stack(bufs, n, m, total):
-    X = np.zeros((n, n * m), dtype=np.asarray(bufs[0]).dtype)
-    for r, b in enumerate(bufs):
-        X[r, :total] = np.asarray(b).reshape(-1)
-    return X.reshape(n, n, m)
-
-
-def _natural_results(X, total, shape, op):
+def _natural_results(X, total, shape, op, copy=True):
+    """Rank r's result is row r of X (its padding cut off). ``copy=False`` hands out views
+    of X itself, which the ring may do because X is private to this collective."""
     n = X.shape[0]
-    out = _finish_mean(X.reshape(n, -1)[:, :total].copy(), op, n)
+    out = X.reshape(n, -1)[:, :total]
+    out = _finish_mean(out.copy() if copy else out, op, n)
     return [out[r].reshape(shape) for r in range(n)]
 
 

@@ -1,0 +1,19 @@
+"""Model pieces in NumPy with explicit forward and backward (B and W split).
+
+See :mod:`emulator.nn.module` for the protocol every layer follows.
+"""
+
+from .activations import GELU
+from .adamw import AdamW
+from .attention import Attention, causal_mask, softmax
+from .block import TransformerBlock
+from .gpt import GPT, LMHead, TokenPositionEmbedding
+from .layernorm import LayerNorm
+from .linear import Embedding, Linear
+from .loss import cross_entropy, cross_entropy_backward
+from .mlp import MLP
+from .module import Composite, Module, prefixed, sub
+
+__all__ = ["Module", "Composite", "Linear", "Embedding", "GELU", "LayerNorm", "Attention", "MLP",
+           "TransformerBlock", "GPT", "TokenPositionEmbedding", "LMHead", "cross_entropy",
+           "cross_entropy_backward", "AdamW", "sub", "prefixed", "softmax", "causal_mask"]

@@ -1,0 +1,72 @@
+"""Linear and Embedding layers."""
+
+import numpy as np
+
+from .module import Module, check_last_dim
+
+
+class Linear(Module):
+    """y = x @ w + b, with w of shape (d_in, d_out). Works on any leading dims.
+
+    backward: dx = dy @ w.T (B); dw = x.T @ dy, db = sum(dy) over all leading dims (W).
+    Tensor parallelism splits w by columns (each rank a slice of y) or by rows (each rank
+    a partial sum of y); see the tensor-parallel lesson.
+    """
+
+    def __init__(self, d_in, d_out, bias=True, std=0.02, dtype=np.float32):
+        if d_in < 1 or d_out < 1:
+            raise ValueError(f"Linear: d_in and d_out must be positive, got {d_in}, {d_out}")
+        self.d_in, self.d_out, self.bias, self.std, self.dtype = d_in, d_out, bias, std, dtype
+
+    def init(self, rng):
+        p = {"w": (rng.standard_normal((self.d_in, self.d_out)) * self.std).astype(self.dtype)}
+        if self.bias:
+            p["b"] = np.zeros(self.d_out, self.dtype)
+        return p
+
+    def forward(self, params, x):
+        check_last_dim("Linear", x, params["w"].shape[0])
+        y = x @ params["w"]
+        if "b" in params:
+            y = y + params["b"]
+        return y, {"x": x}
+
+    def backward_input(self, params, cache, dy):
+        return dy @ params["w"].T
+
+    def backward_weight(self, params, cache, dy):
+        x = cache["x"]
+        x2 = x.reshape(-1, x.shape[-1])
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        grads = {"w": x2.T @ dy2}
+        if "b" in params:
+            grads["b"] = dy2.sum(axis=0)
+        return grads
+
+
+class Embedding(Module):
+    """y = w[idx]: a row of w per token id. Backward: dw[i] = sum of dy where idx == i;
+    there is no input gradient (token ids are integers), so B returns None."""
+
+    def __init__(self, vocab, d_model, std=0.02, dtype=np.float32):
+        self.vocab, self.d_model, self.std, self.dtype = vocab, d_model, std, dtype
+
+    def init(self, rng):
+        return {"w": (rng.standard_normal((self.vocab, self.d_model)) * self.std).astype(self.dtype)}
+
+    def forward(self, params, idx):
+        idx = np.asarray(idx)
+        if not np.issubdtype(idx.dtype, np.integer):
+            raise ValueError(f"Embedding: expected integer token ids, got dtype {idx.dtype}")
+        if idx.size and (idx.min() < 0 or idx.max() >= params["w"].shape[0]):
+            raise ValueError(f"Embedding: token ids must lie in [0, {params['w'].shape[0]}), "
+                             f"got min {idx.min()} max {idx.max()}")
+        return params["w"][idx], {"idx": idx}
+
+    def backward_input(self, params, cache, dy):
+        return None
+
+    def backward_weight(self, params, cache, dy):
+        dw = np.zeros_like(params["w"], dtype=dy.dtype)
+        np.add.at(dw, cache["idx"].reshape(-1), dy.reshape(-1, dy.shape[-1]))
+        return {"w": dw}

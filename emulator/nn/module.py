@@ -1,0 +1,95 @@
+"""The protocol every layer follows, and the composition rule.
+
+A module keeps no state: parameters live in a flat ``dict[str, ndarray]`` (keys like
+``"attn.q.w"``), and ``forward`` returns ``(y, cache)`` where the cache holds what the
+backward pass needs for *this* call. So many micro-batches can be in flight at once,
+each with its own cache, as pipeline schedules need.
+
+Backward is split the way zero-bubble pipelines need it:
+
+* ``backward_input(params, cache, dy) -> dx`` ("B"): what the previous stage waits for;
+* ``backward_weight(params, cache, dy) -> grads`` ("W"): may run later.
+
+A composite module's B stores the output gradient of each child in its cache
+(``cache["dys"]``), so its W only does the weight-gradient matmuls; if W is called
+without B first, it runs B itself. B then W gives exactly what ``backward`` gives.
+"""
+
+import numpy as np
+
+
+def sub(params, prefix):
+    """The entries of ``params`` under ``prefix.``, with the prefix removed."""
+    p = prefix + "."
+    return {k[len(p):]: v for k, v in params.items() if k.startswith(p)}
+
+
+def prefixed(prefix, d):
+    return {f"{prefix}.{k}": v for k, v in d.items()}
+
+
+def check_last_dim(name, x, d):
+    x = np.asarray(x)
+    if x.ndim < 1 or x.shape[-1] != d:
+        raise ValueError(f"{name}: expected an input whose last dim is {d}, got shape {x.shape}")
+
+
+def check_ndim(name, x, ndim, layout):
+    if np.asarray(x).ndim != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-d input {layout}, got shape {np.asarray(x).shape}")
+
+
+class Module:
+    """Base class: subclasses define ``init``, ``forward``, ``backward_input`` and, if they
+    have parameters, ``backward_weight``."""
+
+    dtype = np.float32
+
+    def init(self, rng):
+        return {}
+
+    def forward(self, params, x):
+        raise NotImplementedError
+
+    def backward_input(self, params, cache, dy):
+        raise NotImplementedError
+
+    def backward_weight(self, params, cache, dy):
+        return {}
+
+    def backward(self, params, cache, dy):
+        dx = self.backward_input(params, cache, dy)
+        return dx, self.backward_weight(params, cache, dy)
+
+    def n_params(self):
+        return sum(v.size for v in self.init(np.random.default_rng(0)).values())
+
+
+class Composite(Module):
+    """A module made of named children. Subclasses list ``children()`` and write
+    ``forward`` and ``backward_input``; the latter records each child's output gradient
+    with ``self._remember(cache, name, dy)``."""
+
+    def children(self):
+        raise NotImplementedError
+
+    def init(self, rng):
+        params = {}
+        for name, child in self.children():
+            params.update(prefixed(name, child.init(rng)))
+        return params
+
+    @staticmethod
+    def _remember(cache, name, dy):
+        cache.setdefault("dys", {})[name] = dy
+
+    def backward_weight(self, params, cache, dy):
+        if "dys" not in cache:
+            self.backward_input(params, cache, dy)
+        grads = {}
+        for name, child in self.children():
+            if name in cache["dys"]:
+                g = child.backward_weight(sub(params, name), cache[name], cache["dys"][name])
+                grads.update(prefixed(name, g))
+        del cache["dys"]
+        return grads
