@@ -4,17 +4,17 @@ import numpy as np
 
 from .module import Module
 
-_C = np.sqrt(2.0 / np.pi)
+_C = float(np.sqrt(2.0 / np.pi))  # a Python float keeps float32 inputs float32
 
 
 class GELU(Module):
     """y = x/2 * (1 + tanh(c (x + 0.044715 x^3))), c = sqrt(2/pi). No parameters."""
 
     def forward(self, params, x):
-        t = np.tanh(_C * (x + 0.044715 * x**3))
+        t = np.tanh(_C * x * (1 + 0.044715 * x * x))  # x*x, not x**3: pow is slow
         return 0.5 * x * (1 + t), {"x": x, "t": t}
 
     def backward_input(self, params, cache, dy):
         x, t = cache["x"], cache["t"]
-        dt = _C * (1 + 3 * 0.044715 * x**2)
+        dt = _C * (1 + 3 * 0.044715 * x * x)
         return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * dt)

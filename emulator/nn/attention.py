@@ -5,6 +5,8 @@ q, k, v weights and the same rows of the output weight, so giving a rank a conti
 of columns (q, k, v) and rows (o) gives it whole heads.
 """
 
+import math
+
 import numpy as np
 
 from .linear import Linear
@@ -50,23 +52,23 @@ class Attention(Composite):
             t, cache[name] = getattr(self, name).forward({k: params[f"{name}.{k}"] for k in ("w", "b")}, x)
             qkv.append(self._heads(t, b, s))
         q, k, v = qkv
-        scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(self.d_head)  # (b, h, s, s)
+        scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(self.d_head)  # (b, h, s, s)
         if self.causal:
             scores = np.where(causal_mask(s, s), scores, -np.inf)
         p = softmax(scores)
         heads = (p @ v).transpose(0, 2, 1, 3).reshape(b, s, -1)  # (b, s, d)
         y, cache["o"] = self.o.forward({"w": params["o.w"], "b": params["o.b"]}, heads)
-        cache.update(q=q, k=k, v=v, p=p, shape=(b, s))
+        cache.update(qh=q, kh=k, vh=v, p=p, shape=(b, s))
         return y, cache
 
     def backward_input(self, params, cache, dy):
         b, s = cache["shape"]
-        q, k, v, p = cache["q"], cache["k"], cache["v"], cache["p"]
+        q, k, v, p = cache["qh"], cache["kh"], cache["vh"], cache["p"]
         self._remember(cache, "o", dy)
         dheads = self._heads(self.o.backward_input({"w": params["o.w"]}, cache["o"], dy), b, s)
         dv = p.transpose(0, 1, 3, 2) @ dheads
         dp = dheads @ v.transpose(0, 1, 3, 2)
-        ds = p * (dp - (dp * p).sum(-1, keepdims=True)) / np.sqrt(self.d_head)
+        ds = p * (dp - (dp * p).sum(-1, keepdims=True)) / math.sqrt(self.d_head)
         dq, dk = ds @ k, ds.transpose(0, 1, 3, 2) @ q
         dx = 0
         for name, g in (("q", dq), ("k", dk), ("v", dv)):
