@@ -10,6 +10,7 @@ $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade --quiet pip
 	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) tools/link_project.py
 	touch $(STAMP)
 
 lab: $(STAMP)

@@ -44,7 +44,7 @@ def gantt(timeline, ax=None, title=None, unit="ms", label_events=True, figsize=N
     ax.set_xlim(0, max(timeline.makespan * scale, 1e-12))
     ax.set_xlabel(f"simulated time ({unit})")
     handles = [Patch(color=COLORS[k], label=k) for k in ("compute", "comm", "idle")]
-    ax.legend(handles=handles, loc="upper right", fontsize=8, ncol=3, framealpha=0.9)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     if title:
         ax.set_title(title)
     fig.tight_layout()
@@ -74,5 +74,81 @@ def ring_step(step, ax=None, title=None):
     ax.set_yticks(range(n))
     ax.set_yticklabels([f"rank {r}" for r in range(n)], fontsize=8)
     ax.set_title(title or f"step {step.index + 1}: {step.phase}", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def topologies(figsize=(9, 3.4)):
+    """A GPU fat tree (NVLink inside a node, InfiniBand leaf and spine switches above)
+    beside a TPU 2D torus (neighbour links only, wrapping around)."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=figsize)
+    # fat tree: 4 nodes of 4 GPUs, 2 leaf switches, 1 spine
+    for node in range(4):
+        x0 = node * 2.5
+        a.add_patch(plt.Rectangle((x0 - 0.15, -0.35), 2.0, 0.7, fill=False, lw=1, ls="--", color="grey"))
+        for g in range(4):
+            a.plot(x0 + g * 0.55, 0, "s", color=COLORS["compute"], ms=9)
+        a.plot([x0, x0 + 1.65], [0.15, 0.15], color="#2ca02c", lw=3, alpha=0.6)
+        leaf = 1.9 if node < 2 else 6.9
+        a.plot([x0 + 0.8, leaf], [0.35, 1.5], color=COLORS["comm"], lw=1.2)
+    for leaf in (1.9, 6.9):
+        a.plot(leaf, 1.5, "o", color="k", ms=8)
+        a.plot([leaf, 4.4], [1.5, 2.6], color=COLORS["comm"], lw=2)
+    a.plot(4.4, 2.6, "o", color="k", ms=10)
+    a.text(4.4, 2.85, "spine switch", ha="center")
+    a.text(-0.2, -0.7, "node = 4 GPUs on NVLink (green); nodes reach each other via leaf and spine\n"
+           "switches over InfiniBand (orange): any GPU can reach any other, few hops",
+           fontsize=8, va="top")
+    a.set_title("GPU cluster: fat tree")
+    a.set_xlim(-0.5, 10)
+    a.set_ylim(-1.5, 3.1)
+    a.axis("off")
+    k = 4
+    for i in range(k):
+        for j in range(k):
+            if i < k - 1:
+                b.plot([i, i + 1], [j, j], color="#2ca02c", lw=2, zorder=1)
+            if j < k - 1:
+                b.plot([i, i], [j, j + 1], color="#2ca02c", lw=2, zorder=1)
+            b.plot(i, j, "s", color=COLORS["compute"], ms=11, zorder=2)
+    for t in range(k):  # wrap-around links, drawn as arcs past the edge
+        b.annotate("", xy=(0, t), xytext=(k - 1, t), arrowprops=dict(
+            arrowstyle="-", color="#2ca02c", lw=1, ls=":", connectionstyle="arc3,rad=0.12"))
+        b.annotate("", xy=(t, 0), xytext=(t, k - 1), arrowprops=dict(
+            arrowstyle="-", color="#2ca02c", lw=1, ls=":", connectionstyle="arc3,rad=-0.12"))
+    b.text(-0.5, -0.9, "every chip links only to its 4 neighbours; edges wrap around (dotted):\n"
+           "cheap, regular neighbour traffic; far chips are many hops apart", fontsize=8, va="top")
+    b.set_title("TPU pod: 2D torus")
+    b.set_xlim(-0.8, k)
+    b.set_ylim(-1.7, k)
+    b.axis("off")
+    fig.tight_layout()
+    return fig
+
+
+def primitives(n=4, figsize=(9, 2.6)):
+    """All-reduce, reduce-scatter and all-gather on n ranks, as before/after bars."""
+    fig, axes = plt.subplots(1, 3, figsize=figsize)
+    colors = plt.cm.tab10(np.arange(n))
+    for ax, name in zip(axes, ("all-reduce", "reduce-scatter", "all-gather")):
+        for r in range(n):
+            y = n - 1 - r
+            if name == "all-gather":
+                ax.barh(y, 1, left=r, color=colors[r], height=0.6)
+                for c in range(n):
+                    ax.barh(y, 1, left=n + 1.5 + c, color=colors[c], height=0.6)
+            else:
+                for c in range(n):
+                    ax.barh(y, 1, left=c, color=colors[r], height=0.6, alpha=0.8)
+                span = range(n) if name == "all-reduce" else [r]
+                for c in span:
+                    ax.barh(y, 1, left=n + 1.5 + c, color="#444444", height=0.6)
+        ax.annotate("", xy=(n + 1.3, (n - 1) / 2), xytext=(n + 0.2, (n - 1) / 2),
+                    arrowprops=dict(arrowstyle="->", lw=1.5))
+        ax.set_yticks(range(n))
+        ax.set_yticklabels([f"rank {r}" for r in reversed(range(n))], fontsize=8)
+        ax.set_xticks([])
+        ax.set_title(name)
+    axes[0].text(0, -1.1, "colour = a rank's input; dark = sum over ranks", fontsize=8)
     fig.tight_layout()
     return fig

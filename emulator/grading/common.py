@@ -1,0 +1,36 @@
+"""Shared helpers of the checks."""
+
+import numpy as np
+
+
+class CheckFailed(AssertionError):
+    """The exercise's answer is wrong; the message says how."""
+
+
+def passed(name, detail):
+    print(f"PASSED {name}: {detail}")
+
+
+def expect(condition, message):
+    if not condition:
+        raise CheckFailed(message)
+
+
+def compare_arrays(what, got, want, rtol=1e-9, atol=1e-9):
+    got = np.asarray(got)
+    want = np.asarray(want)
+    expect(got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}")
+    bad = ~np.isclose(got, want, rtol=rtol, atol=atol)
+    if bad.any():
+        err = np.max(np.abs(got - want))
+        raise CheckFailed(f"{what}: {int(bad.sum())} of {bad.size} values differ from the reference "
+                          f"(largest error {err:.3g})")
+
+
+def check_close(name, got, want, rel=0.02, unit=""):
+    """A napkin answer: within ``rel`` (relative) of the model's value."""
+    if got is None or not np.isfinite(got):
+        raise CheckFailed(f"{name}: got {got!r}, expected a number")
+    expect(abs(got - want) <= rel * abs(want),
+           f"{name}: {got:.4g}{unit} is off by more than {rel:.0%}; recheck the formula and the units")
+    passed(name, f"{got:.4g}{unit} (model: {want:.4g}{unit})")

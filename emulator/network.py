@@ -1,0 +1,37 @@
+"""A recorder for collectives written by hand in the global view.
+
+A global-view algorithm holds every rank's buffers in one list and proceeds in steps; in
+each step every rank may send. ``net.exchange(messages)`` is one such step: it takes a
+list of ``(src, dst, array)``, copies every payload first (all sends happen at once, so a
+rank forwards what it held *before* the step), and returns the arrays in the same order.
+It counts steps, messages and bytes per rank, which the lesson's checks compare with the
+ring's identities.
+"""
+
+import numpy as np
+
+
+class Network:
+    def __init__(self, n):
+        self.n = n
+        self.steps = 0
+        self.messages = []  # (step, src, dst, nbytes)
+        self.bytes_sent = [0] * n
+        self.bytes_received = [0] * n
+
+    def exchange(self, messages):
+        """One communication step: deliver every ``(src, dst, array)`` at once."""
+        delivered = []
+        for src, dst, data in messages:
+            for who, r in (("src", src), ("dst", dst)):
+                if not (isinstance(r, (int, np.integer)) and 0 <= r < self.n):
+                    raise ValueError(f"message {who}={r!r} is not a rank of this network (0..{self.n - 1})")
+            if src == dst:
+                raise ValueError(f"rank {src} sends to itself; a rank uses its own data without a message")
+            arr = np.array(data, copy=True)
+            self.messages.append((self.steps, int(src), int(dst), arr.nbytes))
+            self.bytes_sent[src] += arr.nbytes
+            self.bytes_received[dst] += arr.nbytes
+            delivered.append(arr)
+        self.steps += 1
+        return delivered

@@ -1,0 +1,16 @@
+"""One call at the top of every lesson: small, deterministic outputs."""
+
+import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+
+
+def setup():
+    """Print options and figure sizes shared by every lesson (small PNGs, fixed fonts)."""
+    np.set_printoptions(precision=4, suppress=True, linewidth=100)
+    matplotlib.rcParams.update({
+        "figure.dpi": 72, "savefig.dpi": 72, "figure.figsize": (7.5, 3.2),
+        "font.size": 9, "axes.spines.top": False, "axes.spines.right": False,
+        "svg.hashsalt": "course", "path.simplify": True,
+    })
+    plt.close("all")

@@ -1,0 +1,7 @@
+"""Widgets for the lessons. Each has a model (a pure function: state in, numbers and a
+figure out) apart from its controls, so tests can drive it without a browser."""
+
+from .common import figure_png
+from .ring_stepper import RingStepper, ring_stepper_model
+
+__all__ = ["RingStepper", "ring_stepper_model", "figure_png"]

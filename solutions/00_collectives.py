@@ -1,0 +1,448 @@
+# %% [markdown]
+# # Lesson 00 — Collectives: the language of parallel training
+#
+# Every technique in this course (data parallelism, ZeRO, tensor and pipeline parallelism,
+# ring attention, expert parallelism) is, at bottom, a choice of *which collective to call,
+# on which group of GPUs, over which link*. This lesson builds the three collectives that
+# matter most, step by step, on the emulator, and measures what they cost.
+#
+# You will:
+# 1. see why training needs many GPUs at all, and how the hardware is wired;
+# 2. meet all-reduce, reduce-scatter and all-gather, and the identity that ties them;
+# 3. step through the ring algorithm, then write it yourself (Exercises 0.1–0.4);
+# 4. price a collective with the alpha-beta model and read nccl-tests' "bus bandwidth";
+# 5. answer three napkin problems, graded in the notebook.
+#
+# Cells tagged as checks print `PASSED ...` when your code is right and raise an error
+# that says what differs when it is not.
+
+# %%
+import numpy as np
+import matplotlib.pyplot as plt
+
+from emulator import World, Topology, collectives as C, viz
+from emulator.cost import collective_time, busbw, algbw, crossover_bytes, BUS_FACTOR
+from emulator.network import Network
+from emulator.topology import NVLINK_H100, NVLINK_H100_LINE_RATE, INFINIBAND_NDR, H100_BF16_FLOPS
+from emulator.grading import lesson00 as grade
+from emulator.notebook import setup
+
+setup()
+
+# %% [markdown]
+# ## 1. Why many machines?
+#
+# Two walls. **Compute**: the largest supercomputers deliver exaflops; one GPU delivers about
+# a petaflop. **Memory**: the training state of a large model does not fit on one GPU.
+#
+# Take a 7.5B-parameter model. Mixed-precision Adam keeps, per parameter, bf16 weights (2
+# bytes), bf16 gradients (2), an fp32 master copy (4) and two fp32 moments (4 + 4): 16 bytes.
+# Training costs about 6 FLOPs per parameter per token (forward 2, backward 4).
+
+# %%
+params = 7.5e9
+state_gb = 16 * params / 1e9
+tokens = 2e12
+flops = 6 * params * tokens
+mfu = 0.5  # a good fraction of peak to sustain
+one_gpu_s = flops / (H100_BF16_FLOPS * mfu)
+print(f"training state: {state_gb:.0f} GB  (one H100 has 80 GB)")
+print(f"training compute: {flops:.2e} FLOPs")
+print(f"one H100 at {mfu:.0%} of {H100_BF16_FLOPS / 1e12:.0f} TFLOP/s: {one_gpu_s / 86400 / 365:.1f} years")
+print(f"1024 of them, perfectly parallel: {one_gpu_s / 1024 / 86400:.1f} days")
+
+# %% [markdown]
+# So we split the work. What we want from splitting it over $N$ GPUs:
+#
+# * **linear memory scaling**: each GPU holds about $1/N$ of the state;
+# * **linear compute scaling**: $N$ GPUs finish about $N$ times sooner;
+# * **losslessness**: no GPU sits idle, nothing we paid for is wasted.
+#
+# No single technique gets all three; every later lesson trades one against another.
+#
+# ## 2. The hardware shapes the strategy
+#
+# GPUs come in nodes of 8 joined by NVLink, a fast switch inside the box; nodes reach each
+# other over InfiniBand through leaf and spine switches (a *fat tree*): any GPU can reach
+# any other in a few hops, which suits irregular traffic such as mixture-of-experts routing.
+# TPUs are wired as a *torus*: each chip talks to its neighbours, edges wrap around, and the
+# mesh grows without bigger switches; it suits regular, neighbour-to-neighbour partitions.
+
+# %%
+viz.topologies()
+plt.show()
+
+# %% [markdown]
+# The gap between the two GPU links is what every placement decision in this course turns
+# on. NVLink 4 gives an H100 900 GB/s in total (450 GB/s each way); InfiniBand NDR gives
+# 50 GB/s per GPU each way (400 Gb/s), and some clusters have half that.
+
+# %%
+nvlink_total = 2 * NVLINK_H100_LINE_RATE.beta
+for ib in (50e9, 25e9):
+    print(f"NVLink {nvlink_total / 1e9:.0f} GB/s vs InfiniBand {ib / 1e9:.0f} GB/s per GPU: {nvlink_total / ib:.0f}x")
+
+# %% [markdown]
+# The emulator charges each message by the link it crosses. Here is the same all-reduce
+# of 64 MB per GPU on 8 GPUs, first all in one node, then spread over 2 and 8 nodes. A
+# ring is as slow as its slowest hop: once it leaves the node, every step waits for
+# InfiniBand.
+
+# %%
+x = np.ones(16 * 2**20, dtype=np.float32)  # 64 MiB per rank
+for per_node in (8, 4, 1):
+    world = World(8, topology=Topology(gpus_per_node=per_node))
+    world.run(lambda comm: comm.all_reduce(x))
+    t = max(world.stats().time)
+    print(f"8 GPUs, {per_node} per node ({8 // per_node} node{'s' * (per_node < 8)}): {t * 1e3:7.3f} ms simulated")
+
+# %% [markdown]
+# ## 3. Three collectives
+#
+# A *collective* is an operation every rank of a group calls together.
+#
+# * **all-reduce**: every rank ends with the elementwise sum (or max, mean...) of everyone's
+#   buffer. Data parallelism uses it to sum gradients.
+# * **reduce-scatter**: the sum is computed, but rank $r$ keeps only the $r$-th chunk of it.
+# * **all-gather**: rank $r$ contributes chunk $r$; everyone ends with all chunks.
+
+# %%
+viz.primitives()
+plt.show()
+
+
+# %% [markdown]
+# On the emulator they look like `torch.distributed`. `World(4).run(fn)` calls `fn(comm)`
+# once per rank and returns the results by rank:
+
+# %%
+def three_collectives(comm):
+    x = np.arange(4.0) + 10 * comm.rank  # rank r holds [10r, 10r+1, 10r+2, 10r+3]
+    return comm.all_reduce(x), comm.reduce_scatter(x), comm.all_gather(x[:1])
+
+
+for rank, (ar, rs, ag) in enumerate(World(4).run(three_collectives)):
+    print(f"rank {rank}: all_reduce {ar}  reduce_scatter {rs}  all_gather {ag}")
+
+
+# %% [markdown]
+# **The identity to keep in your pocket:** all-reduce = reduce-scatter, then all-gather.
+# Reduce-scatter leaves each rank one summed chunk; all-gather hands every chunk to
+# everyone. The emulator records every message, so we can measure both ways:
+
+# %%
+def all_reduce_directly(comm, x):
+    return comm.all_reduce(x)
+
+
+def all_reduce_in_two(comm, x):
+    return comm.all_gather(comm.reduce_scatter(x))
+
+
+n, S = 8, 8 * 2**20  # 8 ranks, 8 MiB each
+x = np.random.default_rng(0).standard_normal(S // 4).astype(np.float32)
+world = World(n)
+for prog in (all_reduce_directly, all_reduce_in_two):
+    out = world.run(prog, x)
+    stats = world.stats()
+    print(f"{prog.__name__:20s} sent per rank {stats.bytes_sent[0] / 2**20:6.3f} MiB "
+          f"(2(n-1)/n * S = {2 * (n - 1) / n * S / 2**20:.3f}), steps {len({(r.op, r.step) for r in world.trace})}, "
+          f"time {max(stats.time) * 1e3:.4f} ms")
+assert np.allclose(out[0], n * x)
+
+# %% [markdown]
+# Same bytes, same steps, same time: the two are one algorithm. Lesson 01 spends this
+# identity to shard optimizer state for free (ZeRO).
+#
+# ## 4. The ring, step by step
+#
+# Put the $n$ ranks on a ring; cut every buffer into $n$ chunks. In each step, *every*
+# rank sends one chunk to its right neighbour at the same time.
+#
+# * **Reduce-scatter** ($n-1$ steps): in step $s$, rank $r$ sends chunk $(r-s-1) \bmod n$,
+#   and its neighbour adds it to its own copy. A chunk travels round the ring collecting
+#   one contribution per hop; after $n-1$ hops rank $r$ holds chunk $r$, complete.
+# * **All-gather** ($n-1$ steps): in step $s$, rank $r$ forwards chunk $(r-s) \bmod n$, the
+#   newest complete chunk it has.
+#
+# Each rank sends $n-1$ chunks of $S/n$ bytes per phase, so $(n-1)/n \cdot S$, *whatever
+# $n$ is*: the ring uses every link all the time, and the per-rank traffic does not grow
+# with the number of GPUs. Move the sliders (the number in a cell counts how many ranks'
+# inputs it holds; arrows are this step's sends):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from emulator.widgets import RingStepper
+
+RingStepper(n=4)
+
+# %% [markdown]
+# The same steps as a static picture, for 4 ranks: after reduce-scatter step 1, 2, 3, and
+# at the end of the all-gather.
+
+# %%
+steps = list(C.ring_all_reduce_steps([np.ones(4) * r for r in range(4)]))
+fig, axes = plt.subplots(1, 4, figsize=(11, 2.6))
+for ax, k in zip(axes, (0, 1, 2, 5)):
+    viz.ring_step(steps[k], ax=ax)
+plt.show()
+
+
+# %% [markdown]
+# ## 5. Build it yourself
+#
+# The global view holds every rank's buffer in one list. A communication step is one call
+# `net.exchange([(src, dst, array), ...])`: all messages of the step at once; it returns
+# the arrays as delivered and counts steps and bytes (`net.steps`, `net.bytes_sent`).
+# Buffers are 1-D and their length divides by $n$; `np.split(b, n)` cuts one into chunks.
+#
+# **Exercise 0.1** — ring reduce-scatter: return a list whose entry $r$ is chunk $r$ of
+# the sum, in $n-1$ calls to `net.exchange`.
+
+# %%
+def ring_reduce_scatter(bufs, net):
+    n = len(bufs)
+    ### BEGIN SOLUTION: Exercise 0.1: ring reduce-scatter
+    chunks = [np.split(b, n) for b in bufs]  # chunks[r][c]: rank r's copy of chunk c
+    for s in range(n - 1):
+        sends = [(r, (r + 1) % n, (r - s - 1) % n) for r in range(n)]
+        arrived = net.exchange([(src, dst, chunks[src][c]) for src, dst, c in sends])
+        for (src, dst, c), data in zip(sends, arrived):
+            chunks[dst][c] = chunks[dst][c] + data
+    return [chunks[r][r] for r in range(n)]
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.check_ring_reduce_scatter(ring_reduce_scatter)
+
+
+# %% [markdown]
+# **Exercise 0.2** — ring all-gather: `shards[r]` is rank $r$'s piece; return, for every
+# rank, the concatenation of all pieces in rank order, in $n-1$ steps.
+
+# %%
+def ring_all_gather(shards, net):
+    n = len(shards)
+    ### BEGIN SOLUTION: Exercise 0.2: ring all-gather
+    have = [[None] * n for _ in range(n)]  # have[r][c]: rank r's copy of piece c
+    for r in range(n):
+        have[r][r] = shards[r]
+    for s in range(n - 1):
+        sends = [(r, (r + 1) % n, (r - s) % n) for r in range(n)]
+        arrived = net.exchange([(src, dst, have[src][c]) for src, dst, c in sends])
+        for (src, dst, c), data in zip(sends, arrived):
+            have[dst][c] = data
+    return [np.concatenate(row) for row in have]
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.check_ring_all_gather(ring_all_gather)
+
+
+# %% [markdown]
+# **Exercise 0.3** — all-reduce from the two. (One line. The check also counts $2(n-1)$
+# steps and $2(n-1)/n \cdot S$ bytes per rank.)
+
+# %%
+def ring_all_reduce(bufs, net):
+    ### BEGIN SOLUTION: Exercise 0.3: all-reduce from reduce-scatter and all-gather
+    return ring_all_gather(ring_reduce_scatter(bufs, net), net)
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.check_ring_all_reduce(ring_all_reduce)
+
+
+# %% [markdown]
+# **Exercise 0.4** — the same ring as a real program: the function below runs once per
+# rank, and may only use `comm.send(x, dst)` (buffered: it does not wait for the receiver)
+# and `comm.recv(src)`. Rank $r$ talks to $r+1$ and $r-1$ (mod $n$). If your ranks wait on
+# each other in a cycle, the emulator stops with a `DeadlockError` that says who waits on
+# whom.
+
+# %%
+def spmd_ring_all_reduce(comm, x):
+    n, r = comm.size, comm.rank
+    ### BEGIN SOLUTION: Exercise 0.4: SPMD ring all-reduce from send and recv
+    chunks = np.split(x, n)
+    right, left = (r + 1) % n, (r - 1) % n
+    for s in range(n - 1):  # reduce-scatter
+        comm.send(chunks[(r - s - 1) % n], right)
+        c = (r - s - 2) % n
+        chunks[c] = chunks[c] + comm.recv(left)
+    for s in range(n - 1):  # all-gather
+        comm.send(chunks[(r - s) % n], right)
+        chunks[(r - s - 1) % n] = comm.recv(left)
+    return np.concatenate(chunks)
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.check_spmd_ring_all_reduce(spmd_ring_all_reduce)
+
+# %% [markdown]
+# ## 6. What a collective costs: the alpha-beta model
+#
+# A message of $m$ bytes over a link costs $\alpha + m/\beta$: a fixed latency $\alpha$
+# (launch, synchronisation, first byte) plus the bytes over the bandwidth $\beta$. A ring
+# all-reduce of $S$ bytes per rank on $n$ ranks makes $2(n-1)$ steps of $S/n$ bytes:
+#
+# $$T_\text{ring} = 2(n-1)\,\alpha + \frac{2(n-1)}{n}\,\frac{S}{\beta}$$
+#
+# A binomial tree reduces to one rank and broadcasts back in $2\lceil\log_2 n\rceil$ steps,
+# each moving the whole buffer:
+#
+# $$T_\text{tree} = 2\lceil\log_2 n\rceil\,\left(\alpha + \frac{S}{\beta}\right)$$
+#
+# Small messages are **latency-bound** (the $\alpha$ terms rule, and the tree's fewer steps
+# win); large ones are **bandwidth-bound** (the ring's $2(n-1)/n < 2$ beats the tree's
+# $2\log_2 n$). The emulator's clock follows exactly these formulas:
+
+# %%
+node = Topology(gpus_per_node=8)
+sizes = np.logspace(3, 9, 25)  # bytes per rank
+ring = [collective_time("all_reduce", s, 8, node) for s in sizes]
+tree = [collective_time("all_reduce", s, 8, node, algorithm="tree") for s in sizes]
+for alg in ("ring", "tree"):  # check the formulas against the emulator's simulated clock
+    w = World(8, algorithm=alg)
+    w.run(lambda comm: comm.all_reduce(np.ones(2**16, np.float32)))
+    assert np.isclose(max(w.stats().time), collective_time("all_reduce", 2**18, 8, node, alg))
+fig, ax = plt.subplots(figsize=(6.5, 3.2))
+ax.loglog(sizes, np.array(ring) * 1e6, label="ring")
+ax.loglog(sizes, np.array(tree) * 1e6, label="tree")
+ax.axvline(crossover_bytes(8, NVLINK_H100), color="grey", ls=":", label="ring: latency = bandwidth term")
+ax.set_xlabel("bytes per rank")
+ax.set_ylabel("all-reduce time (us)")
+ax.set_title("8 GPUs on NVLink, alpha = 2 us, beta = 370 GB/s")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# ### Bus bandwidth, as nccl-tests reports it
+#
+# NVIDIA's nccl-tests print two numbers per size. **algbw** $= S/t$ is the naive rate.
+# **busbw** multiplies it by how much each rank must really move per byte of result:
+# $2(n-1)/n$ for all-reduce, $(n-1)/n$ for reduce-scatter and all-gather. Bus bandwidth is
+# what you compare with the link: on an 8-GPU H100 node it saturates near 370 GB/s for
+# large messages (out of the 450 GB/s NVLink line rate each way); across nodes on
+# InfiniBand NDR it approaches 50 GB/s per GPU.
+
+# %%
+print(f"{'size':>10} {'time':>10} {'algbw':>11} {'busbw':>11}   (all_reduce, 8 GPUs in one node, model)")
+for s in (1e3, 1e5, 1e7, 1e9):
+    t = collective_time("all_reduce", s, 8, node)
+    print(f"{s:10.0e} {t * 1e6:8.1f}us {algbw(s, t) / 1e9:7.1f}GB/s {busbw('all_reduce', s, 8, t) / 1e9:7.1f}GB/s")
+print("bus-bandwidth factors:", {op: f(8) for op, f in BUS_FACTOR.items() if op != "broadcast"})
+
+# %% [markdown]
+# ### Overlap: communication on its own stream
+#
+# Each emulated rank has a compute stream and a communication stream. A collective called
+# with `async_op=True` runs on the communication stream while the rank keeps computing;
+# `handle.wait()` joins them. Here each rank computes the gradients of four layers
+# (backward runs last layer first) and all-reduces each layer's gradients: first waiting
+# for each one, then letting them run behind the next layer's compute.
+
+# %%
+grads = np.ones(8 * 2**20, np.float32)  # 32 MiB of gradients per layer
+
+
+def backward_blocking(comm):
+    for layer in reversed(range(4)):
+        comm.compute(seconds=0.2e-3, name=f"grad L{layer}")
+        comm.all_reduce(grads)
+
+
+def backward_overlapped(comm):
+    pending = []
+    for layer in reversed(range(4)):
+        comm.compute(seconds=0.2e-3, name=f"grad L{layer}")
+        pending.append(comm.all_reduce(grads, async_op=True))
+    for h in pending:
+        h.wait()
+
+
+fig, axes = plt.subplots(2, 1, figsize=(8, 4.2))
+for ax, prog in zip(axes, (backward_blocking, backward_overlapped)):
+    world = World(2)
+    world.run(prog)
+    viz.gantt(world, ax=ax, title=f"{prog.__name__}: {max(world.stats().time) * 1e3:.2f} ms")
+plt.show()
+
+# %% [markdown]
+# ## 7. Napkin problems
+#
+# Use the model and the numbers above (NVLink: $\alpha$ = 2 µs, $\beta$ = 370 GB/s;
+# InfiniBand NDR: $\alpha$ = 5 µs, $\beta$ = 50 GB/s per GPU). Each function returns your
+# answer; the check compares it with the model (2% tolerance).
+#
+# **Napkin 0.1** — a 7.5B-parameter model keeps bf16 gradients. Data parallelism over 64
+# GPUs in 8 nodes all-reduces them once per step with one flat ring. How long does that
+# take, and which link sets the pace (`"NVLink"` or `"InfiniBand"`)?
+
+# %%
+def napkin_gradient_all_reduce():
+    ### BEGIN SOLUTION: Napkin 0.1: gradient all-reduce time and its slow link
+    S, n = 7.5e9 * 2, 64
+    seconds = 2 * (n - 1) * INFINIBAND_NDR.alpha + 2 * (n - 1) / n * S / INFINIBAND_NDR.beta
+    return seconds, "InfiniBand"
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.napkin_gradient_all_reduce(*napkin_gradient_all_reduce())
+
+
+# %% [markdown]
+# **Napkin 0.2** — nccl-tests ran `all_reduce_perf` on 8 GPUs; for 1 GB per rank it
+# measured 4.73 ms. What bus bandwidth does it print, in GB/s?
+
+# %%
+def napkin_bus_bandwidth():
+    ### BEGIN SOLUTION: Napkin 0.2: bus bandwidth from a measured time
+    n, S, t = 8, 1e9, 4.73e-3
+    return S / t * 2 * (n - 1) / n / 1e9
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.napkin_bus_bandwidth(napkin_bus_bandwidth())
+
+
+# %% [markdown]
+# **Napkin 0.3** — below what message size (bytes per rank) does a ring all-reduce on
+# 8 NVLink GPUs spend more time on latency than on bandwidth?
+
+# %%
+def napkin_crossover():
+    ### BEGIN SOLUTION: Napkin 0.3: latency-bandwidth crossover
+    n = 8
+    # 2(n-1) alpha = 2(n-1)/n * S / beta
+    return n * NVLINK_H100.alpha * NVLINK_H100.beta
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.napkin_crossover(napkin_crossover())
+
+# %% [markdown]
+# ## 8. On real GPUs
+#
+# `gpu_labs/00_collectives.py` runs the same experiments with `torch.distributed`: a
+# sweep of `all_reduce`, `reduce_scatter` and `all_gather` reporting time, algbw and busbw
+# as nccl-tests does, with the model's prediction beside each line, and the ring
+# all-reduce of Exercise 0.4 written with `dist.send`/`dist.recv` and checked against
+# `dist.all_reduce`. On one node with 8 GPUs:
+#
+# ```
+# torchrun --standalone --nproc-per-node 8 gpu_labs/00_collectives.py
+# ```
+#
+# Without GPUs it runs on the CPU with gloo (`--nproc-per-node 4`). `gpu_labs/README.md`
+# shows multi-node and SLURM launches.
+#
+# **Next:** lesson 01 spends the all-reduce = reduce-scatter + all-gather identity on data
+# parallelism and ZeRO.

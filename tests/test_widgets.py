@@ -1,0 +1,31 @@
+"""Widgets driven headlessly: set a control's value, read the result."""
+
+import pytest
+
+from emulator.widgets import RingStepper, ring_stepper_model
+
+
+def test_ring_stepper_model():
+    start = ring_stepper_model(4, 0)
+    assert start["total_steps"] == 6 and start["complete"] == 0 and start["sends"] == []
+    mid = ring_stepper_model(4, 3)
+    assert mid["phase"] == "reduce-scatter" and mid["complete"] == 4  # each rank owns one full chunk
+    assert mid["sends"] == [(0, 1, 1), (1, 2, 2), (2, 3, 3), (3, 0, 0)]
+    end = ring_stepper_model(4, 6)
+    assert end["complete"] == 16 and end["bytes_sent"] == [6, 6, 6, 6]
+    assert ring_stepper_model(5, 4, "reduce_scatter")["complete"] == 5
+    assert ring_stepper_model(3, 2, "all_gather")["complete"] == 9
+    with pytest.raises(ValueError, match="step must be between 0 and 6"):
+        ring_stepper_model(4, 7)
+
+
+def test_ring_stepper_widget_follows_its_controls():
+    w = RingStepper(n=4)
+    first_caption, first_image = w.caption.value, w.image.value
+    assert "Step 0" in first_caption and first_image[:4] == b"\x89PNG"
+    w.step.value = 2
+    assert "step 2 of 6" in w.caption.value and w.image.value != first_image
+    w.ranks.value = 8
+    assert w.step.max == 14 and "of 14" in w.caption.value
+    w.collective.value = "all_gather"
+    assert w.step.max == 7 and w.step.value == 2 and "all-gather" in w.caption.value
