@@ -14,7 +14,7 @@ $(STAMP): requirements.txt
 	touch $(STAMP)
 
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=. lessons/00_index.ipynb
+	$(VENV)/bin/jupyter lab --notebook-dir=. lessons/index.ipynb
 
 test: $(STAMP) browser-deps
 	$(PY) -m pytest

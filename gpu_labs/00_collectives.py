@@ -1,0 +1,117 @@
+"""Lesson 00 on real hardware: collectives measured as nccl-tests does, beside the model.
+
+    torchrun --standalone --nproc-per-node N gpu_labs/00_collectives.py
+
+NCCL on GPUs (one rank per GPU), gloo on the CPU otherwise (``--backend`` overrides).
+For all_reduce, reduce_scatter and all_gather over ``--sizes`` (bytes per rank) it prints
+time, algorithm bandwidth and bus bandwidth as nccl-tests defines them, and beside each
+line the emulator's alpha-beta prediction for the same world size on ``--gpus-per-node``
+H100/H200 GPUs per node (NVLink inside, InfiniBand NDR between). Then it runs the ring
+all-reduce of Exercise 0.4, built from point-to-point sends, and checks it against
+``dist.all_reduce``. Exits non-zero with a message naming the rank if any result is wrong.
+
+Examples:
+    torchrun --standalone --nproc-per-node 8 gpu_labs/00_collectives.py --sizes 1e3,1e6,1e9
+    torchrun --standalone --nproc-per-node 4 gpu_labs/00_collectives.py --backend gloo --iters 5
+"""
+
+import torch
+import torch.distributed as dist
+
+from common import base_parser, fail, finish, init, say, timed
+
+from emulator.cost import busbw, collective_time
+from emulator.topology import Topology
+
+
+def parse():
+    ap = base_parser(__doc__)
+    ap.add_argument("--sizes", default="1e3,1e5,1e7", help="bytes per rank, comma separated (default 1e3,1e5,1e7)")
+    ap.add_argument("--iters", type=int, default=10, help="timed iterations per size (median reported)")
+    ap.add_argument("--gpus-per-node", type=int, default=8, help="topology for the model's prediction")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--self-test-fault", action="store_true",
+                    help="corrupt one value of the ring's result, to prove the check catches it")
+    return ap.parse_args()
+
+
+def ring_all_reduce(x, rank, n):
+    """The ring of Exercise 0.4 with torch point-to-point: reduce-scatter, then all-gather.
+    Sends are posted with isend before the matching recv, so no rank waits in a cycle."""
+    chunks = list(x.clone().chunk(n))
+    right, left = (rank + 1) % n, (rank - 1) % n
+    buf = torch.empty_like(chunks[0])
+    for s in range(n - 1):  # reduce-scatter: pass chunk (r-s-1), add into chunk (r-s-2)
+        req = dist.isend(chunks[(rank - s - 1) % n].contiguous(), right)
+        dist.recv(buf, left)
+        req.wait()
+        c = (rank - s - 2) % n
+        chunks[c] = chunks[c] + buf
+    for s in range(n - 1):  # all-gather: pass the newest complete chunk
+        req = dist.isend(chunks[(rank - s) % n].contiguous(), right)
+        dist.recv(buf, left)
+        req.wait()
+        chunks[(rank - s - 1) % n] = buf.clone()
+    return torch.cat(chunks)
+
+
+def main():
+    args = parse()
+    rank, n, device = init(args.backend)
+    dtype = getattr(torch, args.dtype)
+    topo = Topology(gpus_per_node=args.gpus_per_node)
+    sizes = [int(float(s)) for s in args.sizes.split(",")]
+    say(f"# {n} ranks, backend {dist.get_backend()}, device {device.type}, {args.dtype}; "
+        f"model: {args.gpus_per_node} GPUs per node, NVLink {topo.intra.beta / 1e9:.0f} GB/s, "
+        f"InfiniBand {topo.inter.beta / 1e9:.0f} GB/s")
+    say(f"{'op':>15} {'bytes':>10} {'time us':>10} {'algbw GB/s':>11} {'busbw GB/s':>11}"
+        f" {'model us':>10} {'model busbw':>12}")
+    item = torch.empty((), dtype=dtype).element_size()
+    for op in ("all_reduce", "reduce_scatter", "all_gather"):
+        for nbytes in sizes:
+            elems = max(n, nbytes // item // n * n)  # divisible by n
+            x = torch.full((elems,), float(rank + 1), dtype=dtype, device=device)
+            if op == "all_reduce":
+                def run():
+                    dist.all_reduce(x)
+                size = elems * item
+            elif op == "reduce_scatter":
+                out = torch.empty(elems // n, dtype=dtype, device=device)
+
+                def run():
+                    dist.reduce_scatter_single(out, x)
+                size = elems * item
+            else:
+                shard = x[: elems // n].clone()
+                out = torch.empty(elems, dtype=dtype, device=device)
+
+                def run():
+                    dist.all_gather_single(out, shard)
+                size = elems * item  # nccl-tests' size for all_gather: the gathered result
+            t = timed(run, device, args.iters)
+            model = collective_time(op, size, n, topo)
+            model_bw = busbw(op, size, n, model) / 1e9 if model > 0 else float("nan")
+            say(f"{op:>15} {size:>10} {t * 1e6:>10.1f} {size / t / 1e9:>11.3f} {busbw(op, size, n, t) / 1e9:>11.3f}"
+                f" {model * 1e6:>10.1f} {model_bw:>12.1f}")
+    # correctness: our reduce_scatter/all_gather results, and the hand-written ring
+    g = torch.Generator(device="cpu").manual_seed(1234 + rank)
+    x = torch.randn(64 * n, generator=g, dtype=torch.float64).to(device)
+    ref = x.clone()
+    dist.all_reduce(ref)
+    ours = ring_all_reduce(x, rank, n)
+    if args.self_test_fault and rank == n - 1:
+        ours[0] += 1.0
+    if not torch.allclose(ours, ref, rtol=1e-10, atol=1e-10):
+        bad = int((~torch.isclose(ours, ref, rtol=1e-10, atol=1e-10)).sum())
+        fail(f"ring all-reduce from send/recv differs from dist.all_reduce at {bad} of {ref.numel()} values")
+    rs = torch.empty(64, dtype=torch.float64, device=device)
+    dist.reduce_scatter_single(rs, x)
+    if not torch.allclose(rs, ref[rank * 64:(rank + 1) * 64]):
+        fail("reduce_scatter_single disagrees with the matching slice of all_reduce")
+    say(f"OK: ring all-reduce (send/recv, {2 * (n - 1)} steps) matches dist.all_reduce on every rank; "
+        f"reduce_scatter matches all_reduce's slices")
+    finish()
+
+
+if __name__ == "__main__":
+    main()

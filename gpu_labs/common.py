@@ -1,0 +1,96 @@
+"""What every GPU lab shares: start torch.distributed, time things, report, fail clearly.
+
+NCCL when this rank has a GPU of its own, gloo otherwise (override with --backend). Under
+torchrun the rendezvous comes from the environment; run directly with python, a lab is a
+world of one on a free port.
+"""
+
+import argparse
+import os
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # so that labs can import the emulator's cost model and models
+    sys.path.insert(0, ROOT)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def base_parser(doc):
+    ap = argparse.ArgumentParser(description=doc.strip().splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc)
+    ap.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
+                    help="nccl on GPUs, gloo on CPU (default: auto)")
+    return ap
+
+
+def init(backend="auto"):
+    """Start the process group; returns (rank, world size, device)."""
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    local = int(os.environ["LOCAL_RANK"])
+    has_gpu = torch.cuda.is_available() and local < torch.cuda.device_count()
+    if backend == "auto":
+        backend = "nccl" if has_gpu else "gloo"
+    if backend == "nccl" and not has_gpu:
+        fail(f"--backend nccl needs a GPU per rank; local rank {local} sees "
+             f"{torch.cuda.device_count()} GPU(s). NCCL refuses two ranks on one GPU: use gloo.")
+    device = torch.device(f"cuda:{local}") if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device, iters, warmup=2):
+    """Median seconds of ``fn()`` over ``iters`` runs, the slowest rank's view."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        sync(device)
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t)
+    med = torch.tensor(sorted(times)[len(times) // 2], dtype=torch.float64)
+    if med.device != device and dist.get_backend() == "nccl":
+        med = med.to(device)
+    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    return float(med)
+
+
+def say(*args):
+    if dist.get_rank() == 0:
+        print(*args, flush=True)
+
+
+def fail(message):
+    rank = dist.get_rank() if dist.is_initialized() else os.environ.get("RANK", "?")
+    print(f"FAILED on rank {rank}: {message}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def finish():
+    dist.barrier()
+    dist.destroy_process_group()

@@ -1,0 +1,94 @@
+# %% [markdown]
+# # Parallelism from Scratch
+#
+# How are large language models trained on thousands of GPUs? This course builds every
+# piece from scratch — collectives, data parallelism and ZeRO, tensor and pipeline
+# parallelism, ring attention, expert parallelism — first on an **emulator** of a
+# multi-GPU machine that runs in this notebook, then on real GPUs with `torch.distributed`.
+#
+# The emulator runs one Python function per GPU ("rank") on real NumPy data. It records
+# every message sent and every byte held, keeps a simulated clock per GPU, and stops with
+# a clear error the moment a program misuses a collective (mismatched calls, deadlocks).
+# So every claim in the lessons is executed and measured, not just stated.
+#
+# ## How to work through a lesson
+#
+# 1. Open the lesson notebook (below) and run the cells from the top (`Shift+Enter`, or
+#    *Run → Run All Cells*).
+# 2. Read, look at the pictures, move the widgets' sliders.
+# 3. At each exercise, replace `raise NotImplementedError("Exercise N.k: ...")` with your
+#    code and run the cell, then run the **check cell** under it. A check prints
+#    `PASSED Exercise N.k: ...` or raises an error that says what differs.
+# 4. Napkin problems work the same way: a function returns your number; the check compares
+#    it with the model.
+#
+# Stuck? `solutions/` holds the same notebooks answered and executed.
+#
+# ## Grading yourself (and for instructors)
+#
+# From a terminal in the course folder, with the course's environment (`make lab` and
+# `make test` create `.venv`):
+#
+# ```
+# .venv/bin/python -m pytest --nbval-lax -o addopts= lessons/00_collectives.ipynb
+# ```
+#
+# runs the notebook from top to bottom and fails at the first check that does not pass. An
+# untouched lesson fails at its check cells; a correctly filled one passes. Instructors hand
+# out `lessons/`, collect the filled notebooks, and grade them with the same command;
+# `solutions/` is the answer key. Lessons are generated from `solutions/NN_name.py` by
+# `make notebooks`.
+#
+# ## Lessons
+#
+# | # | lesson | you build | widget | GPU lab |
+# |---|---|---|---|---|
+# | 00 | [Collectives](00_collectives.ipynb) | ring reduce-scatter, all-gather, all-reduce; alpha-beta cost; bus bandwidth | ring stepper | `gpu_labs/00_collectives.py` |
+# | 01 | [Data parallelism and ZeRO](01_data_parallel.ipynb) | DDP, ZeRO-1, ZeRO-2, ZeRO-3/FSDP on a small GPT; memory and traffic measured | ZeRO memory explorer | `gpu_labs/01_data_parallel.py` |
+# | 02 | Tensor and sequence parallelism *(planned)* | Megatron MLP and attention, f/g operators, sequence parallelism | activation memory explorer | |
+# | 03 | Pipeline parallelism *(planned)* | GPipe, 1F1B, interleaved, zero-bubble schedules | schedule explorer | |
+# | 04 | Context parallelism *(planned)* | ring attention with online softmax | ring attention stepper | |
+# | 05 | Expert parallelism *(planned)* | MoE routing, all-to-all dispatch | routing explorer | |
+# | 06 | The mesh *(planned)* | DP x TP x PP composed; planner; case studies | mesh planner | |
+#
+# ## The GPU labs
+#
+# Each lesson ends with a script in `gpu_labs/` that runs its algorithm with
+# `torch.distributed` (NCCL on GPUs, gloo on a CPU), checks the result, and prints the
+# measurements beside the emulator's predictions:
+#
+# ```
+# torchrun --standalone --nproc-per-node 8 gpu_labs/00_collectives.py
+# ```
+#
+# `gpu_labs/README.md` covers several nodes and SLURM.
+#
+# ## Glossary
+#
+# One vocabulary throughout the course, following `torch.distributed`:
+#
+# | term | meaning |
+# |---|---|
+# | **rank** | one process, one GPU; numbered 0..size-1 |
+# | **world**, **size** | all ranks, and how many there are |
+# | **group** | a subset of ranks that run collectives together (`comm.group("tp")`) |
+# | **mesh**, **axis** | ranks arranged as a grid with named axes (`dp`, `tp`, `pp`, `cp`, `ep`); the last axis is innermost, so its ranks share a node |
+# | **dim** | a tensor dimension (never a mesh axis) |
+# | **collective** | an operation every rank of a group calls together: all-reduce, reduce-scatter, all-gather, broadcast, all-to-all |
+# | **all-reduce** | every rank ends with the elementwise sum (or max, mean) of all ranks' buffers |
+# | **reduce-scatter** | the sum, split in chunks: rank r keeps chunk r |
+# | **all-gather** | every rank ends with every rank's chunk, concatenated in rank order |
+# | **point to point** | `send`/`recv` between two ranks |
+# | **alpha, beta** | a message of m bytes costs alpha + m/beta seconds: latency and bandwidth |
+# | **algbw, busbw** | nccl-tests' bandwidths: bytes/time, and that times the op's traffic factor (2(n-1)/n for all-reduce) |
+# | **NVLink, InfiniBand** | the fast link inside a node, the slower one between nodes |
+# | **data parallelism (DP)** | every rank holds the model, takes a slice of the batch, and sums gradients |
+# | **ZeRO-1/2/3, FSDP** | data parallelism that shards optimizer state (1), also gradients (2), also parameters (3, a.k.a. FSDP) |
+# | **tensor parallelism (TP)** | one layer's matrices split across ranks |
+# | **pipeline parallelism (PP)** | the layer stack cut into stages on different ranks; micro-batches flow through |
+# | **bubble** | time a pipeline stage sits idle |
+# | **context parallelism (CP)** | the sequence split across ranks; ring attention passes K/V around |
+# | **expert parallelism (EP)** | a mixture-of-experts layer's experts on different ranks; tokens travel by all-to-all |
+# | **micro-batch** | a slice of the batch processed as a unit (pipelines, gradient accumulation) |
+# | **Ψ (psi)** | number of parameters |
+# | **K** | optimizer bytes per parameter (12 for mixed-precision Adam) |
