@@ -3,6 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+LAB_ARGS ?=
 
 .PHONY: lab test notebooks check-notebooks bench browser-deps clean
 
@@ -14,7 +15,7 @@ $(STAMP): requirements.txt
 	touch $(STAMP)
 
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=. lessons/index.ipynb
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. $(LAB_ARGS) lessons/index.ipynb
 
 test: $(STAMP) browser-deps
 	$(PY) -m pytest

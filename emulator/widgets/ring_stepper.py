@@ -5,7 +5,7 @@ import numpy as np
 
 from .. import collectives as C
 from .. import viz
-from .common import figure_png, new_axes
+from .common import new_axes, show_figure
 
 COLLECTIVES = {
     "all_reduce": C.ring_all_reduce_steps,
@@ -88,4 +88,4 @@ class RingStepper(W.VBox):
     def _redraw(self, change=None):
         self.state = ring_stepper_model(self.ranks.value, self.step.value, self.collective.value)
         self.caption.value = f"<p class='ring-caption'>{self.state['text']}</p>"
-        self.image.value = figure_png(self.state["figure"])
+        show_figure(self.image, self.state["figure"])

@@ -1,0 +1,159 @@
+"""What a student sees: each lesson opens in JupyterLab, runs without an error output, and its
+widgets render and answer their controls. Screenshots of widget cells go to
+``artifacts/browser/`` (printed at the end) so a person can look.
+
+Needs Debian's chromium (``make test`` installs it when running as root).
+"""
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tests.browser import jupyterlab as J
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
+SHOTS = J.ROOT / "artifacts" / "browser"
+LESSONS = sorted(p for p in (J.ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
+
+if not Path(J.CHROMIUM).exists():
+    pytest.skip("chromium is missing: run `make test` as root (it installs Debian's chromium) "
+                "or `sudo apt-get install -y chromium`", allow_module_level=True)
+
+
+def widget_cell(page, selector):
+    cell = page.locator(".jp-CodeCell", has=page.locator(selector)).first
+    cell.scroll_into_view_if_needed()
+    return cell
+
+
+def wait_text_change(locator, before, seconds=15):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        now = locator.inner_text()
+        if now != before:
+            return now
+        time.sleep(0.2)
+    raise AssertionError(f"the widget did not react: its text stayed {before[:120]!r}")
+
+
+def drive_ring_stepper(page, shot):
+    """Move the step slider with the keyboard, pick another collective from the dropdown;
+    the caption must follow each change."""
+    cell = widget_cell(page, ".ring-caption")
+    caption = cell.locator(".ring-caption")
+    assert "Step 0" in caption.inner_text()
+    cell.locator("img").first.wait_for(state="visible")
+    cell.screenshot(path=str(shot("ring_stepper_start")))
+    handle = cell.locator(".widget-hslider", has=page.locator("label:text-is('step')")).locator(".noUi-handle")
+    handle.focus()
+    before = caption.inner_text()
+    handle.press("ArrowRight")
+    text = wait_text_change(caption, before)
+    assert text.startswith("step 1 of 6"), text
+    handle.press("ArrowRight")
+    assert wait_text_change(caption, text).startswith("step 2 of 6")
+    cell.screenshot(path=str(shot("ring_stepper_step2")))
+    before = caption.inner_text()
+    cell.locator(".widget-dropdown select").select_option("all_gather")
+    text = wait_text_change(caption, before)
+    assert "of 3 (all-gather)" in text, text
+    cell.screenshot(path=str(shot("ring_stepper_all_gather")))
+
+
+def drive_zero_explorer(page, shot):
+    """Choose ZeRO-3 from the dropdown and drag the GPU slider; the numbers follow."""
+    cell = widget_cell(page, ".zero-summary")
+    summary = cell.locator(".zero-summary")
+    cell.screenshot(path=str(shot("zero_explorer_start")))
+    before = summary.inner_text()
+    cell.locator(".widget-dropdown", has=page.locator("label:text-is('stage')")).locator("select").select_option("3")
+    text = wait_text_change(summary, before)
+    assert "ZeRO-3" in text, text
+    handle = cell.locator(".widget-hslider", has=page.locator("label:text-is('GPUs')")).locator(".noUi-handle")
+    handle.focus()
+    handle.press("ArrowRight")
+    wait_text_change(summary, text)
+    cell.screenshot(path=str(shot("zero_explorer_zero3")))
+
+
+DRIVERS = {"00_collectives": [drive_ring_stepper], "01_data_parallel": [drive_zero_explorer]}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    nbdir, home = tmp_path_factory.mktemp("notebooks"), tmp_path_factory.mktemp("home")
+    for nb in LESSONS:  # answered lessons, outputs cleared, in a throwaway folder
+        book = nbformat.read(nb, 4)
+        for c in book.cells:
+            if c.cell_type == "code":
+                c.outputs, c.execution_count = [], None
+        nbformat.write(book, nbdir / nb.name)
+    broken = nbformat.v4.new_notebook()
+    broken.cells = [nbformat.v4.new_code_cell(
+        "from emulator.widgets import RingStepper\nw = RingStepper(n=4)\nw.step.unobserve_all()  # broken on purpose\nw")]
+    broken.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(broken, nbdir / "broken_widget.ipynb")
+    with J.jupyter_server(nbdir, home) as (base, token), J.browser() as b:
+        page = b.new_page(viewport={"width": 1400, "height": 1000})
+        yield page, base, token, nbdir
+        page.close()
+
+
+def shots_for(name):
+    folder = SHOTS / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return lambda label: folder / f"{label}.png"
+
+
+@pytest.mark.parametrize("nb", LESSONS, ids=[p.stem for p in LESSONS])
+def test_lesson_runs_and_widgets_respond(lab, nb):
+    page, base, token, nbdir = lab
+    J.open_notebook(page, base, token, nb.name)
+    J.run_all(page)
+    J.save(page)
+    ran = nbformat.read(nbdir / nb.name, 4)
+    errors = [(i, o.ename, o.evalue) for i, c in enumerate(ran.cells) if c.cell_type == "code"
+              for o in c.outputs if o.output_type == "error"]
+    assert not errors, f"error outputs in the browser: {errors}"
+    assert all(c.execution_count for c in ran.cells if c.cell_type == "code")
+    passed = sum("PASSED" in "".join(o.get("text", "") for o in c.outputs) for c in ran.cells if c.cell_type == "code")
+    assert passed >= 1, "no check cell printed PASSED"
+    shot = shots_for(nb.stem)
+    for drive in DRIVERS.get(nb.stem, []):
+        drive(page, shot)
+    print(f"\nscreenshots of {nb.stem}'s widgets: {shot('x').parent}")
+
+
+def test_a_broken_widget_is_caught(lab):
+    page, base, token, _ = lab
+    J.open_notebook(page, base, token, "broken_widget.ipynb")
+    J.run_all(page)
+    with pytest.raises(AssertionError, match="the widget did not react"):
+        drive_ring_stepper(page, shots_for("broken_widget"))
+
+
+def test_make_lab_serves_the_course_index(tmp_path):
+    """``make lab`` really starts a server that serves lessons/index.ipynb."""
+    port, token = J.free_port(), "make-lab-smoke"
+    env = J.throwaway_env(tmp_path)
+    args = f"--no-browser --ip=127.0.0.1 --port={port} --IdentityProvider.token={token} --allow-root"
+    proc = subprocess.Popen(["make", "-s", "lab", f"LAB_ARGS={args}"], cwd=J.ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        status, body = J.wait_http(f"http://127.0.0.1:{port}/api/contents/lessons/index.ipynb?token={token}", 120)
+        assert status == 200
+        content = json.loads(body)["content"]
+        assert "Parallelism from Scratch" in content["cells"][1]["source"]
+        status, page = J.wait_http(f"http://127.0.0.1:{port}/lab/tree/lessons/index.ipynb?token={token}")
+        assert status == 200 and b"JupyterLab" in page
+    finally:
+        import os
+        import signal
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
