@@ -13,16 +13,19 @@ from .errors import MemoryLedgerError
 KINDS = ("params", "grads", "optimizer", "activations", "buffers")
 
 
-def nbytes_of(obj):
-    """Bytes of an array, or of every array inside a dict/list/tuple."""
+def nbytes_of(obj, top=True):
+    """Bytes of an array, of every array inside a dict/list/tuple (other entries, such as
+    a step counter, count nothing), or a plain byte count."""
     if isinstance(obj, dict):
-        return sum(nbytes_of(v) for v in obj.values())
+        return sum(nbytes_of(v, False) for v in obj.values())
     if isinstance(obj, (list, tuple)):
-        return sum(nbytes_of(v) for v in obj)
+        return sum(nbytes_of(v, False) for v in obj)
     if isinstance(obj, (int, np.integer)):
-        return int(obj)
+        return int(obj) if top else 0
     if hasattr(obj, "nbytes"):
         return int(obj.nbytes)
+    if not top:
+        return 0
     raise MemoryLedgerError(
         f"cannot size {type(obj).__name__}: hold an array, a dict/list of arrays, or a byte count"
     )

@@ -19,6 +19,7 @@ test fails when they are stale.
 import hashlib
 import re
 import sys
+import time
 from pathlib import Path
 
 import jupytext
@@ -134,8 +135,10 @@ def main(argv):
         sys.exit(f"no sources in {SOURCES} start with {prefix!r}")
     for src in todo:
         print(f"building {src.relative_to(ROOT)} ...", flush=True)
+        t0 = time.perf_counter()
         for path in build(src):
             print(f"  wrote {path.relative_to(ROOT)}", flush=True)
+        print(f"  took {time.perf_counter() - t0:.1f} s (executing the solutions included)", flush=True)
 
 
 if __name__ == "__main__":

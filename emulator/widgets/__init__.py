@@ -3,5 +3,6 @@ figure out) apart from its controls, so tests can drive it without a browser."""
 
 from .common import figure_png
 from .ring_stepper import RingStepper, ring_stepper_model
+from .zero_explorer import ZeroExplorer, zero_explorer_model
 
-__all__ = ["RingStepper", "ring_stepper_model", "figure_png"]
+__all__ = ["RingStepper", "ring_stepper_model", "ZeroExplorer", "zero_explorer_model", "figure_png"]

@@ -1,0 +1,70 @@
+"""Napkin accounting of training memory, in the course's formulas.
+
+``zero_bytes_per_gpu`` is the ZeRO paper's table: bf16 parameters and gradients (2 bytes
+each per parameter) and K bytes of optimizer state per parameter (K = 12 for
+mixed-precision Adam: fp32 master weights and two fp32 moments), on N_d data-parallel GPUs:
+
+=========  =================================
+stage 0    (2 + 2 + K) Psi           (plain data parallelism: everything replicated)
+stage 1    2 Psi + 2 Psi + K Psi / N_d (optimizer state sharded)
+stage 2    2 Psi + (2 + K) Psi / N_d   (gradients sharded too)
+stage 3    (2 + 2 + K) Psi / N_d       (parameters sharded too: FSDP)
+=========  =================================
+"""
+
+GB = 1e9
+
+
+class ZeroBytes(float):
+    """Bytes per GPU (the float's value), with the parts: ``params``, ``grads``,
+    ``optimizer`` (attributes, or keys: ``b["grads"]``)."""
+
+    def __new__(cls, params, grads, optimizer):
+        self = super().__new__(cls, params + grads + optimizer)
+        self.params, self.grads, self.optimizer = params, grads, optimizer
+        return self
+
+    @property
+    def total(self):
+        return float(self)
+
+    def __getitem__(self, key):
+        if key not in ("params", "grads", "optimizer", "total"):
+            raise KeyError(f"{key!r}: the parts are 'params', 'grads', 'optimizer', 'total'")
+        return getattr(self, key)
+
+    def as_dict(self):
+        return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer, "total": self.total}
+
+    def __repr__(self):
+        return (f"ZeroBytes(total={self.total / GB:.4g} GB: params {self.params / GB:.4g}, "
+                f"grads {self.grads / GB:.4g}, optimizer {self.optimizer / GB:.4g})")
+
+
+def zero_bytes_per_gpu(n_params, dp_size, stage, optimizer_bytes_per_param=12):
+    """Bytes of parameters, gradients and optimizer state on each of ``dp_size`` GPUs.
+
+    ``stage`` 0 is plain data parallelism; 1, 2, 3 are the ZeRO stages. Returns a float
+    (the total) that also carries ``.params``, ``.grads`` and ``.optimizer``."""
+    if not n_params > 0:
+        raise ValueError(f"n_params must be positive, got {n_params!r}")
+    if not (isinstance(dp_size, int) and dp_size >= 1):
+        raise ValueError(f"dp_size must be a positive number of GPUs, got {dp_size!r}")
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"stage must be 0 (plain data parallel), 1, 2 or 3 (ZeRO), got {stage!r}")
+    if not optimizer_bytes_per_param >= 0:
+        raise ValueError(f"optimizer_bytes_per_param must be >= 0, got {optimizer_bytes_per_param!r}")
+    p, g, k = 2.0 * n_params, 2.0 * n_params, float(optimizer_bytes_per_param) * n_params
+    n = dp_size
+    return ZeroBytes(p / n if stage >= 3 else p, g / n if stage >= 2 else g, k / n if stage >= 1 else k)
+
+
+def zero_traffic_per_gpu(n_params, dp_size, stage, bytes_per_param=2):
+    """Bytes each GPU sends per step: 2(n-1)/n x the parameter bytes for stages 0-2 (one
+    all-reduce, or reduce-scatter + all-gather), 3(n-1)/n x for stage 3 (an all-gather in
+    forward, another in backward, a reduce-scatter)."""
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
+    n = dp_size
+    copies = 3 if stage == 3 else 2
+    return copies * (n - 1) / n * bytes_per_param * n_params
