@@ -45,3 +45,32 @@ def test_napkin_checks():
     with pytest.raises(CheckFailed, match="off by more than"):
         g.napkin_bus_bandwidth(211.4)  # algbw, not busbw
     g.napkin_crossover(5.92e6)
+
+
+def test_lesson01_checks_reject_wrong_answers():
+    from emulator.grading import lesson01 as g1
+
+    def per_tensor(comm, grads):  # right values, but one all-reduce per tensor
+        return {k: comm.all_reduce(v) / comm.size for k, v in grads.items()}
+
+    with pytest.raises(CheckFailed, match="one bucket"):
+        g1.check_ddp_average_gradients(per_tensor)
+
+    def replicated_state(comm, flat_params, flat_grads, opt, state):  # DDP-style: full state
+        g = comm.all_reduce(flat_grads) / comm.size
+        full_state = opt.init({"flat": flat_params})
+        new, _ = opt.step({"flat": flat_params}, {"flat": g}, full_state)
+        return new["flat"], full_state
+
+    with pytest.raises(CheckFailed):
+        g1.check_zero1_step(replicated_state)
+
+    def never_frees(comm, layer, layout, shard, x):
+        full = comm.all_gather(shard)
+        comm.memory.hold("gathered", full, "buffers")
+        return layer.forward(layout.unflatten(full), x)
+
+    with pytest.raises(CheckFailed, match="still holds"):
+        g1.check_zero3_layer_forward(never_frees)
+    with pytest.raises(CheckFailed, match="stage 2"):
+        g1.problem_8_1({0: 480, 1: 142.5, 2: 60, 3: 30}, [3])
