@@ -41,11 +41,13 @@ class ZeroBytes(float):
                 f"grads {self.grads / GB:.4g}, optimizer {self.optimizer / GB:.4g})")
 
 
-def zero_bytes_per_gpu(n_params, dp_size, stage, optimizer_bytes_per_param=12):
+def zero_bytes_per_gpu(n_params, dp_size, stage, optimizer_bytes_per_param=12, param_bytes=2, grad_bytes=2):
     """Bytes of parameters, gradients and optimizer state on each of ``dp_size`` GPUs.
 
     ``stage`` 0 is plain data parallelism; 1, 2, 3 are the ZeRO stages. Returns a float
-    (the total) that also carries ``.params``, ``.grads`` and ``.optimizer``."""
+    (the total) that also carries ``.params``, ``.grads`` and ``.optimizer``. The defaults
+    are mixed-precision Adam (2 + 2 + 12 bytes); plain fp32 Adam is
+    ``param_bytes=4, grad_bytes=4, optimizer_bytes_per_param=8``."""
     if not n_params > 0:
         raise ValueError(f"n_params must be positive, got {n_params!r}")
     if not (isinstance(dp_size, int) and dp_size >= 1):
@@ -54,7 +56,7 @@ def zero_bytes_per_gpu(n_params, dp_size, stage, optimizer_bytes_per_param=12):
         raise ValueError(f"stage must be 0 (plain data parallel), 1, 2 or 3 (ZeRO), got {stage!r}")
     if not optimizer_bytes_per_param >= 0:
         raise ValueError(f"optimizer_bytes_per_param must be >= 0, got {optimizer_bytes_per_param!r}")
-    p, g, k = 2.0 * n_params, 2.0 * n_params, float(optimizer_bytes_per_param) * n_params
+    p, g, k = float(param_bytes) * n_params, float(grad_bytes) * n_params, float(optimizer_bytes_per_param) * n_params
     n = dp_size
     return ZeroBytes(p / n if stage >= 3 else p, g / n if stage >= 2 else g, k / n if stage >= 1 else k)
 

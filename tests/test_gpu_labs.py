@@ -34,3 +34,24 @@ def test_collectives_lab_fails_loudly_on_a_wrong_result():
     out = torchrun(2, "00_collectives.py", "--sizes", "1e3", "--iters", "1", "--self-test-fault")
     assert out.returncode != 0
     assert "FAILED on rank 1: ring all-reduce from send/recv differs from dist.all_reduce" in out.stderr
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_data_parallel_lab(n):
+    out = torchrun(n, "01_data_parallel.py", "--steps", "2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {line.split()[0]: line.split() for line in out.stdout.splitlines()
+            if line.strip().startswith(("DDP", "ZeRO-", "torch", "FSDP2"))}
+    assert set(rows) == {"DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "torch", "FSDP2"}
+    # held bytes fall stage by stage; ZeRO-3 sends 1.5x what DDP sends
+    grads = [int(rows[s][3].replace(",", "")) for s in ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")]
+    assert grads[0] == grads[1] > grads[2] == grads[3]
+    sent = {s: float(rows[s][6].replace(",", "")) for s in ("DDP", "ZeRO-3")}
+    assert sent["ZeRO-3"] == pytest.approx(1.5 * sent["DDP"])
+    assert "OK: every variant matches the single-process run" in out.stdout
+
+
+def test_data_parallel_lab_fails_loudly_on_a_wrong_gradient():
+    out = torchrun(2, "01_data_parallel.py", "--steps", "1", "--self-test-fault")
+    assert out.returncode != 0
+    assert "hand-written ZeRO-1: parameters differ from the single-process run" in out.stderr
