@@ -154,7 +154,7 @@ def _check_same(bufs, what):
 def _stack(bufs, n, m, total):
     """Stack flat buffers as (n, n, m): rank, chunk, element (zero-padded at the end)."""
     if total == n * m:
-        return np.stack([np.asarray(b).reshape(-1) for b in bufs]).reshape(n, n, m)
+        return np.stack(bufs).reshape(n, n, m)
     X = np.zeros((n, n * m), dtype=np.asarray(bufs[0]).dtype)
     for r, b in enumerate(bufs):
         X[r, :total] = np.asarray(b).reshape(-1)

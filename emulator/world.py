@@ -457,7 +457,7 @@ class Comm:
     def _check_op(self, op, x):
         if op not in C.REDUCE_OPS:
             raise ArgumentError(f"rank {self.global_rank}: unknown reduce op {op!r}; choose one of {C.REDUCE_OPS}")
-        if op == "mean" and getattr(x, "dtype", np.asarray(x).dtype).kind in "iub":
+        if op == "mean" and (x.dtype if isinstance(x, np.ndarray) else np.asarray(x).dtype).kind in "iub":
             raise ShapeError(f"rank {self.global_rank}: op='mean' needs a floating dtype, got "
                              f"{np.asarray(x).dtype}; use op='sum' and divide")
 

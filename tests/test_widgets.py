@@ -29,3 +29,18 @@ def test_ring_stepper_widget_follows_its_controls():
     assert w.step.max == 14 and "of 14" in w.caption.value
     w.collective.value = "all_gather"
     assert w.step.max == 7 and w.step.value == 2 and "all-gather" in w.caption.value
+
+
+def test_zero_explorer_model_and_widget():
+    from emulator.widgets import ZeroExplorer, zero_explorer_model
+
+    m = zero_explorer_model(30e9, 16, 2)
+    assert m["bytes"][2]["total"] == 86.25e9 and not m["fits"] and "does not fit" in m["text"]
+    assert zero_explorer_model(30e9, 16, 3)["fits"]
+    w = ZeroExplorer(n_params=7.5e9, n_gpus=64, stage=0)
+    assert "DDP on 64 GPUs: 120 GB" in w.summary.value
+    image = w.image.value
+    w.stage.value = 3
+    assert "ZeRO-3 on 64 GPUs: 1.875 GB" in w.summary.value and w.image.value != image
+    w.gpus.value, w.params.value = 16, 30e9
+    assert "30 GB per GPU" in w.summary.value and "fits in 80 GB" in w.summary.value

@@ -15,6 +15,18 @@ class GELU(Module):
         return 0.5 * x * (1 + t), {"x": x, "t": t}
 
     def backward_input(self, params, cache, dy):
+        # dy * (0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2)), in place: two temporaries
         x, t = cache["x"], cache["t"]
-        dt = _C * (1 + 3 * 0.044715 * x * x)
-        return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * dt)
+        d = t * t
+        np.subtract(1, d, out=d)
+        d *= x
+        q = x * x
+        q *= 3 * 0.044715 * 0.5 * _C
+        q += 0.5 * _C
+        d *= q
+        d += 0.5
+        q[...] = t
+        q *= 0.5
+        d += q
+        d *= dy
+        return d

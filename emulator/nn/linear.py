@@ -26,13 +26,15 @@ class Linear(Module):
 
     def forward(self, params, x):
         check_last_dim("Linear", x, params["w"].shape[0])
-        y = x @ params["w"]
+        w = params["w"]
+        y = (x.reshape(-1, w.shape[0]) @ w).reshape(*x.shape[:-1], w.shape[1])  # one GEMM, not one per batch row
         if "b" in params:
-            y = y + params["b"]
+            y += params["b"]
         return y, {"x": x}
 
     def backward_input(self, params, cache, dy):
-        return dy @ params["w"].T
+        w = params["w"]
+        return (dy.reshape(-1, w.shape[1]) @ w.T).reshape(*dy.shape[:-1], w.shape[0])
 
     def backward_weight(self, params, cache, dy):
         x = cache["x"]
@@ -67,6 +69,13 @@ class Embedding(Module):
         return None
 
     def backward_weight(self, params, cache, dy):
+        # sum the rows of dy that share a token id: sort by id, add each run of equal ids
+        idx = cache["idx"].reshape(-1)
+        rows = dy.reshape(-1, dy.shape[-1])
         dw = np.zeros_like(params["w"], dtype=dy.dtype)
-        np.add.at(dw, cache["idx"].reshape(-1), dy.reshape(-1, dy.shape[-1]))
+        if idx.size:
+            order = np.argsort(idx, kind="stable")
+            ids = idx[order]
+            starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+            dw[ids[starts]] = np.add.reduceat(rows[order], starts, axis=0)
         return {"w": dw}

@@ -10,6 +10,8 @@ from .common import new_axes, show_figure
 STAGES = {"DDP": 0, "ZeRO-1": 1, "ZeRO-2": 2, "ZeRO-3": 3}
 KIND_COLORS = {"params": "#4C72B0", "grads": "#55A868", "optimizer": "#C44E52"}
 GPU_COUNTS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+MODEL_SIZES = [("125M", 125e6), ("1.3B", 1.3e9), ("7.5B", 7.5e9), ("13B", 13e9), ("30B", 30e9),
+               ("70B", 70e9), ("175B", 175e9), ("405B", 405e9), ("1T", 1e12)]
 
 
 def zero_explorer_model(n_params, n_gpus, stage, k=12, gpu_gb=80):
@@ -48,8 +50,11 @@ class ZeroExplorer(W.VBox):
     """Controls: model size, number of GPUs, ZeRO stage, optimizer bytes per parameter."""
 
     def __init__(self, n_params=7.5e9, n_gpus=64, stage=0, k=12):
-        self.params = W.FloatLogSlider(value=n_params, base=10, min=8, max=12, step=0.05,
-                                       description="parameters", readout_format=".3g")
+        sizes = dict(MODEL_SIZES)
+        if n_params not in sizes.values():
+            sizes[f"{n_params / 1e9:.3g}B"] = n_params
+        self.params = W.SelectionSlider(options=sorted(sizes.items(), key=lambda kv: kv[1]), value=n_params,
+                                        description="parameters")
         self.gpus = W.SelectionSlider(options=GPU_COUNTS, value=n_gpus, description="GPUs")
         self.stage = W.Dropdown(options=list(STAGES.items()), value=stage, description="stage")
         self.k = W.IntSlider(value=k, min=0, max=16, description="K (bytes)")
