@@ -306,13 +306,12 @@ def torch_fsdp2(params0, batches, device, dtype, rank, n):
 
 
 def emulator_prediction(params0, batches, n, stage):
-    """The same program on the emulator: bytes held (peak) and sent per step, rank 0."""
+    """The same program on the emulator: per rank, bytes held (peak, by kind) and sent per step."""
     model = nn.GPT(V, D, H, FF, L, S, dtype=np.float64)
     world = World(n)
     np_batches = [(x.cpu().numpy(), y.cpu().numpy()) for x, y in batches]
     world.run(lambda c: DP.data_parallel_train(c, model, params0, np_batches, nn.AdamW(**adamw()), stage=stage))
-    row = world.memory_report()[0]
-    return row, np.mean(world.stats().bytes_sent) / len(batches)
+    return world.memory_report(), [b / len(batches) for b in world.stats().bytes_sent]
 
 
 def main():
@@ -330,7 +329,7 @@ def main():
     psi = sum(v.size for v in params0.values())
     say(f"# {n} ranks, backend {dist.get_backend()}, {dtype}; GPT with {psi:,d} parameters, "
         f"{args.steps} steps of a global batch of {args.batch}; tolerance {tol:g}")
-    say(f"{'variant':>10} {'max|dp-ref|':>12} {'params B':>10} {'grads B':>9} {'optim B':>9} {'peak B':>9}"
+    say(f"{'variant':>10} {'rank':>4} {'max|dp-ref|':>12} {'params B':>10} {'grads B':>9} {'optim B':>9} {'peak B':>9}"
         f" {'sent B/step':>12} | {'emulator: params':>16} {'grads':>8} {'optim':>8} {'sent':>9}")
 
     def check(name, params):
@@ -354,17 +353,24 @@ def main():
         dist.all_reduce(mean_loss)
         if not np.allclose(mean_loss.cpu().numpy() / n, ref_losses, rtol=1e-6 if dtype == torch.float64 else 1e-3):
             fail(f"hand-written {name}: losses {mean_loss.cpu().numpy() / n} differ from {ref_losses}")
-        emu, emu_sent = emulator_prediction(params0, batches, n, stage) if rank == 0 else (None, None)
+        mine = [led.peak_by_kind["params"], led.peak_by_kind["grads"], led.peak_by_kind["optimizer"], led.peak, sent, err]
+        if device.type == "cuda":
+            mine.append(torch.cuda.max_memory_allocated(device))
+        rows = [None] * n
+        dist.all_gather_object(rows, mine)
         if rank == 0:
-            line = (f"{name:>10} {err:>12.2e} {led.peak_by_kind['params']:>10,d} {led.peak_by_kind['grads']:>9,d}"
-                    f" {led.peak_by_kind['optimizer']:>9,d} {led.peak:>9,d} {sent:>12,.0f} |"
-                    f" {emu['peak_params']:>16,d} {emu['peak_grads']:>8,d} {emu['peak_optimizer']:>8,d} {emu_sent:>9,.0f}")
-            if device.type == "cuda":
-                line += f"  cuda max allocated {torch.cuda.max_memory_allocated(device):,d} B"
-            say(line)
-            if (led.peak_by_kind["params"], led.peak_by_kind["grads"], led.peak_by_kind["optimizer"]) != \
-                    (emu["peak_params"], emu["peak_grads"], emu["peak_optimizer"]) or abs(sent - emu_sent) > 1:
-                fail(f"hand-written {name}: bytes held or sent differ from the emulator's prediction")
+            emu, emu_sent = emulator_prediction(params0, batches, n, stage)
+            for r, row in enumerate(rows):
+                line = (f"{name:>10} {r:>4} {row[5]:>12.2e} {row[0]:>10,d} {row[1]:>9,d} {row[2]:>9,d} {row[3]:>9,d}"
+                        f" {row[4]:>12,.0f} | {emu[r]['peak_params']:>16,d} {emu[r]['peak_grads']:>8,d}"
+                        f" {emu[r]['peak_optimizer']:>8,d} {emu_sent[r]:>9,.0f}")
+                if device.type == "cuda":
+                    line += f"  cuda max allocated {row[6]:,d} B"
+                say(line)
+                if tuple(row[:3]) != (emu[r]["peak_params"], emu[r]["peak_grads"], emu[r]["peak_optimizer"]) \
+                        or abs(row[4] - emu_sent[r]) > 1:
+                    fail(f"hand-written {name}, rank {r}: bytes held or sent differ from the emulator's prediction")
+        dist.barrier()
     say(f"{'torch DDP':>10} {check('torch DDP', torch_ddp(params0, batches, device, dtype, rank, n)):>12.2e}")
     say(f"{'FSDP2':>10} {check('FSDP2 fully_shard', torch_fsdp2(params0, batches, device, dtype, rank, n)):>12.2e}")
     say("OK: every variant matches the single-process run; hand-written memory and traffic match the emulator")

@@ -40,13 +40,16 @@ def test_collectives_lab_fails_loudly_on_a_wrong_result():
 def test_data_parallel_lab(n):
     out = torchrun(n, "01_data_parallel.py", "--steps", "2")
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = {line.split()[0]: line.split() for line in out.stdout.splitlines()
-            if line.strip().startswith(("DDP", "ZeRO-", "torch", "FSDP2"))}
-    assert set(rows) == {"DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "torch", "FSDP2"}
+    lines = [line.split() for line in out.stdout.splitlines()
+             if line.strip().startswith(("DDP", "ZeRO-", "torch", "FSDP2"))]
+    per_rank = [l for l in lines if l[0] in ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")]
+    assert len(per_rank) == 4 * n and {l[1] for l in per_rank} == {str(r) for r in range(n)}
+    assert {l[0] for l in lines} == {"DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "torch", "FSDP2"}
+    rows = {l[0]: l for l in per_rank if l[1] == "0"}
     # held bytes fall stage by stage; ZeRO-3 sends 1.5x what DDP sends
-    grads = [int(rows[s][3].replace(",", "")) for s in ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")]
+    grads = [int(rows[s][4].replace(",", "")) for s in ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")]
     assert grads[0] == grads[1] > grads[2] == grads[3]
-    sent = {s: float(rows[s][6].replace(",", "")) for s in ("DDP", "ZeRO-3")}
+    sent = {s: float(rows[s][7].replace(",", "")) for s in ("DDP", "ZeRO-3")}
     assert sent["ZeRO-3"] == pytest.approx(1.5 * sent["DDP"])
     assert "OK: every variant matches the single-process run" in out.stdout
 
