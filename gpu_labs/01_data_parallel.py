@@ -281,13 +281,18 @@ def torch_ddp(params0, batches, device, dtype, rank, n):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model = DDP(TorchGPT(params0, device, dtype), device_ids=[device.index] if device.type == "cuda" else None)
+    train_module(model, batches, rank, n)
+    return {k.replace("__", "."): v.detach() for k, v in model.module.p.items()}
+
+
+def train_module(model, batches, rank, n):
+    """Plain training steps on this rank's slice; the wrapper (DDP, FSDP2) does the rest."""
     opt = torch.optim.AdamW(model.parameters(), **adamw())
     for x, y in batches:
         b = len(x) // n
         opt.zero_grad()
         loss_fn(model(x[rank * b:(rank + 1) * b]), y[rank * b:(rank + 1) * b]).backward()
         opt.step()
-    return {k.replace("__", "."): v.detach() for k, v in model.module.p.items()}
 
 
 def torch_fsdp2(params0, batches, device, dtype, rank, n):
@@ -296,12 +301,7 @@ def torch_fsdp2(params0, batches, device, dtype, rank, n):
 
     model = TorchGPT(params0, device, dtype)
     fully_shard(model, mesh=init_device_mesh(device.type, (n,)))
-    opt = torch.optim.AdamW(model.parameters(), **adamw())
-    for x, y in batches:
-        b = len(x) // n
-        opt.zero_grad()
-        loss_fn(model(x[rank * b:(rank + 1) * b]), y[rank * b:(rank + 1) * b]).backward()
-        opt.step()
+    train_module(model, batches, rank, n)
     return {k.replace("__", "."): v.full_tensor().detach() for k, v in model.p.items()}
 
 

@@ -83,7 +83,7 @@ def test_grading_bites_both_ways(src, tmp_path):
         "an error outside the check cells: the stubs must only fail when checked"
     for c in checks:
         err = [o for o in c.outputs if o.output_type == "error"][0]
-        assert err.ename == "NotImplementedError" and err.evalue.split(":")[0].split()[0] in ("Exercise", "Napkin")
+        assert err.ename == "NotImplementedError" and err.evalue.split(":")[0].split()[0] in ("Exercise", "Napkin", "Problem")
     solved = tmp_path / "solved.ipynb"
     nbformat.write(filled_in(src), solved)
     good = nbval_lax(solved)

@@ -66,10 +66,14 @@ def split_solutions(code, keep):
     return "\n".join(out), names
 
 
-def banner(src, kind):
+def banner(src, kind, has_exercises=True):
     rel = src.relative_to(ROOT)
-    what = ("the answer key, executed" if kind == "solutions" else
-            "exercises are stubs: replace each `raise NotImplementedError` with your code")
+    if not has_exercises:
+        what = "no exercises here"
+    elif kind == "solutions":
+        what = "the answer key, executed"
+    else:
+        what = "exercises are stubs: replace each `raise NotImplementedError` with your code"
     return nbformat.v4.new_markdown_cell(
         f"*Generated from `{rel}` by `tools/build_notebooks.py` ({what}). "
         f"Edit the source, then run `make notebooks`.*",
@@ -83,7 +87,7 @@ def render(src, kind):
         cell.metadata.pop("lines_to_next_cell", None)
         if cell.cell_type == "code":
             cell.source, _ = split_solutions(cell.source, keep=(kind == "solutions"))
-    nb.cells.insert(0, banner(src, kind))
+    nb.cells.insert(0, banner(src, kind, has_exercises=bool(exercises(src))))
     nb.metadata = {
         "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
         "language_info": {"name": "python"},
