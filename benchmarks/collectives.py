@@ -107,7 +107,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     sizes = [10**k for k in range(3, 6 if args.quick else 8)]
     worlds = [2, 4, 8]
-    print(f"# all_reduce of float32, best of repeats; ratios against the same run's numbers")
+    print("# all_reduce of float32, best of repeats; ratios against the same run's numbers")
     print(f"{'ranks':>5} {'elements':>9} {'floor':>10} {'global':>10} {'spmd':>10} {'gloo':>10}"
           f" {'spmd/floor':>10} {'gloo/spmd':>9}")
     for n in worlds:

@@ -12,7 +12,8 @@ from .memory import MemoryLedger
 from .table import Table, human_bytes
 from .topology import INFINIBAND_NDR, NVLINK_H100, NVLINK_H100_LINE_RATE, Link, Topology
 from .trace import Event, Stats, Timeline, TraceRecord
-from .world import Comm, Handle, World
+from .comm import Comm, Handle
+from .world import World
 
 __all__ = [
     "World", "Comm", "Handle", "Topology", "Link", "NVLINK_H100", "NVLINK_H100_LINE_RATE",

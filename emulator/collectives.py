@@ -10,31 +10,31 @@ Versions side by side, each with a one-line NumPy truth:
 * ``naive`` -- everybody sends everything to rank 0, which reduces and sends it back:
   two steps, but rank 0's link carries (n-1) whole buffers each way.
 
-Every algorithm is written once, as a generator that mutates stacked per-rank buffers and
-yields the :class:`Messages` of each communication step. Three things use it:
+Every algorithm is written once (:mod:`emulator.ring`, :mod:`emulator.tree`), as a
+generator that mutates stacked per-rank buffers and yields the :class:`Messages` of each
+communication step. Three things use it:
 ``ring_all_reduce(bufs)`` (run to the end, return the results), ``ring_all_reduce_steps(bufs)``
 (yield a :class:`Step` snapshot after every step, for pictures and widgets) and the SPMD
 engine in :mod:`emulator.world` (which needs the results plus the messages, to charge time
 and record the trace).
 
-A ring step is one vectorised operation over all ranks (every rank sends at once): the
-buffers are stacked as rows ``rank * n + chunk`` of one array, and the chunks that move in
-a step lie on a wrapped diagonal, which is a strided slice (step n+1) of those rows. So
-"every rank r passes one chunk to rank r+1" is three slice operations, not a loop over ranks.
+A ring step is one vectorised operation over all ranks (every rank sends at once), not a
+loop over ranks: see :mod:`emulator.ring`.
 """
 
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import partial
 
 import math
 
 import numpy as np
 
+from . import ring, tree
 from .errors import ArgumentError, ShapeError
+from .messages import Messages
 
 REDUCE_OPS = ("sum", "mean", "max", "min")
 ALGORITHMS = ("ring", "tree", "naive")
-_UFUNC = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}
 _NP_REDUCE = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}
 
 
@@ -60,31 +60,6 @@ def reference_all_to_all(chunks):
 
 
 # --------------------------------------------------------------------------- messages
-@dataclass
-class Messages:
-    """The messages of one communication step, all sent at once.
-
-    ``chunks`` is either a 1-D int array (message i carries chunk ``chunks[i]``) or a 2-D
-    bool mask (message i carries the chunks where ``chunks[i]`` is True). ``reduce`` says
-    whether the receiver combines what arrives with what it holds, or overwrites.
-    """
-
-    phase: str
-    src: np.ndarray
-    dst: np.ndarray
-    chunks: np.ndarray
-    nbytes: np.ndarray
-    reduce: bool
-    exclusive: bool = True  # no rank sends or receives two messages in this step
-
-    def chunk_mask(self, n_chunks):
-        if self.chunks.ndim == 2:
-            return self.chunks
-        mask = np.zeros((len(self.src), n_chunks), dtype=bool)
-        mask[np.arange(len(self.src)), self.chunks] = True
-        return mask
-
-
 @dataclass
 class Step:
     """What a ``*_steps`` generator yields after each communication step.
@@ -116,25 +91,6 @@ class Step:
         return int(self.holds[rank, chunk]) == (1 << self.n) - 1
 
 
-@lru_cache(maxsize=512)
-def _ring_messages(n, phase, chunk_bytes):
-    """The messages of every step of a ring phase. Cached: they depend only on n and the
-    chunk sizes, and the world caches their timing by identity."""
-    src = np.arange(n)
-    dst = (src + 1) % n
-    cb = np.array(chunk_bytes, dtype=np.int64)
-    out = []
-    for s in range(n - 1):
-        chunk = (src - (s + 1 if phase == "reduce-scatter" else s)) % n
-        out.append(Messages(phase, src, dst, chunk, cb[chunk], phase == "reduce-scatter"))
-    return tuple(out)
-
-
-@lru_cache(maxsize=512)
-def _ring_all_reduce_messages(n, chunk_bytes):
-    return _ring_messages(n, "reduce-scatter", chunk_bytes) + _ring_messages(n, "all-gather", chunk_bytes)
-
-
 # --------------------------------------------------------------------------- layouts
 def _check_same(bufs, what):
     if len(bufs) == 0:
@@ -151,178 +107,11 @@ def _check_same(bufs, what):
     return a0.shape, a0.dtype
 
 
-def _stack(bufs, n, m, total):
-    """Stack flat buffers as (n, n, m): rank, chunk, element (zero-padded at the end)."""
-    if total == n * m:
-        return np.stack(bufs).reshape(n, n, m)
-    X = np.zeros((n, n * m), dtype=np.asarray(bufs[0]).dtype)
-    for r, b in enumerate(bufs):
-        X[r, :total] = np.asarray(b).reshape(-1)
-    return X.reshape(n, n, m)
-
-
-def _ring_pass(X, shift, ufunc=None):
-    """Every rank r passes its chunk (r - shift) mod n to rank r+1, which combines it with
-    its own copy (``ufunc``) or stores it (``ufunc=None``); all ranks at once.
-
-    In the flat rows F[rank * n + chunk], rank r's chunk sits at r*(n+1) - shift (plus n
-    when it wraps) and the receiver's copy n rows later, except for rank n-1 whose
-    receiver is rank 0: two strided slices and one row."""
-    n = X.shape[0]
-    F = X.reshape(n * n, -1)
-    for src, dst in _ring_slices(n, shift):
-        if ufunc is None:
-            F[dst] = F[src]
-        else:
-            d = F[dst]
-            ufunc(d, F[src], out=d)
-
-
-@lru_cache(maxsize=1024)
-def _ring_slices(n, shift):
-    """(source rows, destination rows) of one ring pass, as slices of F[rank * n + chunk]."""
-    step, pairs = n + 1, []
-    for r0, r1, wrap in ((shift, n - 1, 0), (0, min(shift, n - 1), n)):
-        if r1 > r0:
-            a = r0 * step - shift + wrap
-            b = (r1 - 1) * step - shift + wrap + 1
-            pairs.append((slice(a, b, step), slice(a + n, b + n, step)))
-    c = (n - 1 - shift) % n
-    pairs.append((slice((n - 1) * n + c, (n - 1) * n + c + 1), slice(c, c + 1)))
-    return tuple(pairs)
-
-
-def _diagonal(X):
-    """Rows (r, r): the chunk each rank owns. A strided view."""
-    n = X.shape[0]
-    return X.reshape(n * n, -1)[:: n + 1]
-
-
 def _chunk_nbytes(total, n, itemsize):
     """Bytes of each of the n chunks of a ``total``-element buffer (ceil-sized chunks, the
     last ones shorter or empty), and the chunk length m."""
     m = -(-total // n)
     return tuple(max(0, min(m, total - c * m)) * itemsize for c in range(n)), m
-
-
-# --------------------------------------------------------------------------- ring
-def _ring_reduce_scatter(X, op, chunk_bytes):
-    """Step s: every rank r sends chunk (r-s-1) mod n to rank r+1, which combines it
-    with its own copy. After n-1 steps rank r holds chunk r, reduced over all ranks."""
-    ufunc = _UFUNC[op]
-    for s, msg in enumerate(_ring_messages(X.shape[0], "reduce-scatter", chunk_bytes)):
-        _ring_pass(X, s + 1, ufunc)
-        yield msg
-
-
-def _ring_all_gather(X, chunk_bytes):
-    """Step s: every rank r passes on chunk (r-s) mod n, the last complete chunk it got.
-    Starts from rank r holding complete chunk r; ends with every rank holding all."""
-    for s, msg in enumerate(_ring_messages(X.shape[0], "all-gather", chunk_bytes)):
-        _ring_pass(X, s)
-        yield msg
-
-
-# --------------------------------------------------------------------------- tree / naive
-def _levels(n):
-    return max(0, int(np.ceil(np.log2(n)))) if n > 1 else 0
-
-
-def _whole(n_msgs, n):
-    return np.ones((n_msgs, n), dtype=bool)
-
-
-def _tree_reduce(X, op, chunk_bytes, root=0):
-    """Binomial tree towards ``root``: at level k, rank v (relative) with bit k set and
-    lower bits clear sends its whole buffer to v - 2^k."""
-    chunk_bytes = np.asarray(chunk_bytes, dtype=np.int64)
-    n = X.shape[0]
-    ufunc = _UFUNC[op]
-    for k in range(_levels(n)):
-        v = np.arange(1 << k, n, 1 << (k + 1))
-        src, dst = (v + root) % n, (v - (1 << k) + root) % n
-        X[dst] = ufunc(X[dst], X[src])
-        yield Messages("reduce", src, dst, _whole(len(src), n), np.full(len(src), chunk_bytes.sum()), True)
-
-
-def _tree_broadcast(X, chunk_bytes, root=0):
-    chunk_bytes = np.asarray(chunk_bytes, dtype=np.int64)
-    n = X.shape[0]
-    for k in reversed(range(_levels(n))):
-        v = np.arange(0, n - (1 << k), 1 << (k + 1))
-        src, dst = (v + root) % n, (v + (1 << k) + root) % n
-        X[dst] = X[src]
-        yield Messages("broadcast", src, dst, _whole(len(src), n), np.full(len(src), chunk_bytes.sum()), False)
-
-
-def _subtree_mask(v, k, n):
-    """Chunks owned by the binomial subtree rooted at relative rank v of level k."""
-    mask = np.zeros((len(v), n), dtype=bool)
-    for i, a in enumerate(v):
-        mask[i, a : min(a + (1 << k), n)] = True
-    return mask
-
-
-def _tree_scatter(X, chunk_bytes):
-    """Rank 0 holds every chunk; hand chunk c down a binomial tree to rank c."""
-    chunk_bytes = np.asarray(chunk_bytes, dtype=np.int64)
-    n = X.shape[0]
-    for k in reversed(range(_levels(n))):
-        src = np.arange(0, n - (1 << k), 1 << (k + 1))
-        dst = src + (1 << k)
-        mask = _subtree_mask(dst, k, n)
-        for i in range(len(src)):
-            X[dst[i], mask[i]] = X[src[i], mask[i]]
-        yield Messages("scatter", src, dst, mask, (mask * chunk_bytes).sum(1), False)
-
-
-def _tree_gather(X, chunk_bytes):
-    """Rank c holds chunk c; collect every chunk on rank 0 up a binomial tree."""
-    chunk_bytes = np.asarray(chunk_bytes, dtype=np.int64)
-    n = X.shape[0]
-    for k in range(_levels(n)):
-        src = np.arange(1 << k, n, 1 << (k + 1))
-        dst = src - (1 << k)
-        mask = _subtree_mask(src, k, n)
-        for i in range(len(src)):
-            X[dst[i], mask[i]] = X[src[i], mask[i]]
-        yield Messages("gather", src, dst, mask, (mask * chunk_bytes).sum(1), False)
-
-
-def _naive_reduce(X, op, chunk_bytes):
-    chunk_bytes = np.asarray(chunk_bytes, dtype=np.int64)
-    n = X.shape[0]
-    if n > 1:
-        X[0] = _UFUNC[op].reduce(X, axis=0)
-        src = np.arange(1, n)
-        yield Messages("reduce", src, np.zeros(n - 1, int), _whole(n - 1, n), np.full(n - 1, chunk_bytes.sum()), True, False)
-
-
-def _naive_gather(X, chunk_bytes):
-    chunk_bytes = np.asarray(chunk_bytes, dtype=np.int64)
-    n = X.shape[0]
-    if n > 1:
-        src = np.arange(1, n)
-        X[0, src] = X[src, src]
-        yield Messages("gather", src, np.zeros(n - 1, int), src, chunk_bytes[src], False, False)
-
-
-def _naive_broadcast(X, chunk_bytes, root=0):
-    chunk_bytes = np.asarray(chunk_bytes, dtype=np.int64)
-    n = X.shape[0]
-    if n > 1:
-        dst = np.array([r for r in range(n) if r != root])
-        X[dst] = X[root]
-        yield Messages("broadcast", np.full(n - 1, root), dst, _whole(n - 1, n), np.full(n - 1, chunk_bytes.sum()), False, False)
-
-
-def _naive_scatter(X, chunk_bytes):
-    chunk_bytes = np.asarray(chunk_bytes, dtype=np.int64)
-    n = X.shape[0]
-    if n > 1:
-        dst = np.arange(1, n)
-        X[dst, dst] = X[0, dst]
-        yield Messages("scatter", np.zeros(n - 1, int), dst, dst, chunk_bytes[dst], False, False)
 
 
 # --------------------------------------------------------------------------- plans
@@ -377,15 +166,15 @@ def plan_all_reduce(bufs, op="sum", algorithm="ring"):
     _check_algorithm(algorithm)
     n, total = len(bufs), math.prod(shape)
     chunk_bytes, m = _chunk_nbytes(total, n, dtype.itemsize)
-    X = _stack(bufs, n, m, total)
+    X = ring.stack(bufs, n, m, total)
     if algorithm == "ring":
-        gen = _chain(_ring_reduce_scatter(X, op, chunk_bytes), _ring_all_gather(X, chunk_bytes))
+        gen = _chain(ring.reduce_scatter(X, op, chunk_bytes), ring.all_gather(X, chunk_bytes))
         return _Plan(gen, lambda: _natural_results(X, total, shape, op, copy=False), lambda: list(X.copy()),
-                     partial(_reduce_holds, n), _ring_all_reduce_messages(n, chunk_bytes))
+                     partial(_reduce_holds, n), ring.all_reduce_messages(n, chunk_bytes))
     if algorithm == "tree":
-        gen = _chain(_tree_reduce(X, op, chunk_bytes), _tree_broadcast(X, chunk_bytes))
+        gen = _chain(tree.tree_reduce(X, op, chunk_bytes), tree.tree_broadcast(X, chunk_bytes))
     else:
-        gen = _chain(_naive_reduce(X, op, chunk_bytes), _naive_broadcast(X, chunk_bytes))
+        gen = _chain(tree.naive_reduce(X, op, chunk_bytes), tree.naive_broadcast(X, chunk_bytes))
     return _Plan(gen, lambda: _natural_results(X, total, shape, op), lambda: list(X.copy()), partial(_reduce_holds, n))
 
 
@@ -402,18 +191,18 @@ def plan_reduce_scatter(bufs, op="sum", algorithm="ring"):
     out_shape = (shape[0] // n,) + shape[1:]
     total = math.prod(shape)
     chunk_bytes, m = _chunk_nbytes(total, n, dtype.itemsize)
-    X = _stack(bufs, n, m, total)
+    X = ring.stack(bufs, n, m, total)
     static = None
     if algorithm == "ring":
-        gen = _ring_reduce_scatter(X, op, chunk_bytes)
-        static = _ring_messages(n, "reduce-scatter", chunk_bytes)
+        gen = ring.reduce_scatter(X, op, chunk_bytes)
+        static = ring.messages(n, "reduce-scatter", chunk_bytes)
     elif algorithm == "tree":
-        gen = _chain(_tree_reduce(X, op, chunk_bytes), _tree_scatter(X, chunk_bytes))
+        gen = _chain(tree.tree_reduce(X, op, chunk_bytes), tree.tree_scatter(X, chunk_bytes))
     else:
-        gen = _chain(_naive_reduce(X, op, chunk_bytes), _naive_scatter(X, chunk_bytes))
+        gen = _chain(tree.naive_reduce(X, op, chunk_bytes), tree.naive_scatter(X, chunk_bytes))
 
     def results():
-        out = _finish_mean(_diagonal(X).copy(), op, n)
+        out = _finish_mean(ring.diagonal(X).copy(), op, n)
         return [out[r].reshape(out_shape) for r in range(n)]
 
     return _Plan(gen, results, lambda: list(X.copy()), partial(_reduce_holds, n), static)
@@ -428,15 +217,15 @@ def plan_all_gather(bufs, algorithm="ring"):
     chunk_bytes = (m * dtype.itemsize,) * n
     out_shape = (n * shape[0],) + shape[1:]
     X = np.empty((n, n, m), dtype=dtype)
-    _diagonal(X)[:] = np.stack([np.asarray(b).reshape(-1) for b in bufs])
+    ring.diagonal(X)[:] = np.stack([np.asarray(b).reshape(-1) for b in bufs])
     static = None
     if algorithm == "ring":
-        gen = _ring_all_gather(X, chunk_bytes)
-        static = _ring_messages(n, "all-gather", chunk_bytes)
+        gen = ring.all_gather(X, chunk_bytes)
+        static = ring.messages(n, "all-gather", chunk_bytes)
     elif algorithm == "tree":
-        gen = _chain(_tree_gather(X, chunk_bytes), _tree_broadcast(X, chunk_bytes))
+        gen = _chain(tree.tree_gather(X, chunk_bytes), tree.tree_broadcast(X, chunk_bytes))
     else:
-        gen = _chain(_naive_gather(X, chunk_bytes), _naive_broadcast(X, chunk_bytes))
+        gen = _chain(tree.naive_gather(X, chunk_bytes), tree.naive_broadcast(X, chunk_bytes))
     results = lambda: [X[r].reshape(out_shape) for r in range(n)]  # noqa: E731
     return _Plan(gen, results, lambda: list(X.copy()), partial(_gather_holds, n), static)
 
@@ -451,9 +240,9 @@ def plan_broadcast(bufs, src=0, algorithm="tree"):
     X[src, 0] = np.asarray(bufs[src]).reshape(-1)
     nbytes = np.array([total * dtype.itemsize])
     if algorithm == "naive":
-        gen = _naive_broadcast(X, nbytes, root=src)
+        gen = tree.naive_broadcast(X, nbytes, root=src)
     else:
-        gen = _tree_broadcast(X, nbytes, root=src)
+        gen = tree.tree_broadcast(X, nbytes, root=src)
     return _Plan(gen, lambda: [X[r, 0].reshape(shape) for r in range(n)], lambda: list(X.copy()), partial(_broadcast_holds, n, src))
 
 

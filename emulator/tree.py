@@ -1,0 +1,107 @@
+"""The root-based algorithms beside the ring: a binomial tree (ceil(log2 n) steps each way,
+whole buffers) and the naive one (everything to rank 0 and back, two steps)."""
+
+import numpy as np
+
+from .messages import UFUNC, Messages
+
+
+def _levels(n):
+    return max(0, int(np.ceil(np.log2(n)))) if n > 1 else 0
+
+
+def _whole(n_msgs, n):
+    return np.ones((n_msgs, n), dtype=bool)
+
+
+def tree_reduce(X, op, chunk_bytes, root=0):
+    """Binomial tree towards ``root``: at level k, rank v (relative) with bit k set and
+    lower bits clear sends its whole buffer to v - 2^k."""
+    chunk_bytes = np.asarray(chunk_bytes, dtype=np.int64)
+    n = X.shape[0]
+    ufunc = UFUNC[op]
+    for k in range(_levels(n)):
+        v = np.arange(1 << k, n, 1 << (k + 1))
+        src, dst = (v + root) % n, (v - (1 << k) + root) % n
+        X[dst] = ufunc(X[dst], X[src])
+        yield Messages("reduce", src, dst, _whole(len(src), n), np.full(len(src), chunk_bytes.sum()), True)
+
+
+def tree_broadcast(X, chunk_bytes, root=0):
+    chunk_bytes = np.asarray(chunk_bytes, dtype=np.int64)
+    n = X.shape[0]
+    for k in reversed(range(_levels(n))):
+        v = np.arange(0, n - (1 << k), 1 << (k + 1))
+        src, dst = (v + root) % n, (v + (1 << k) + root) % n
+        X[dst] = X[src]
+        yield Messages("broadcast", src, dst, _whole(len(src), n), np.full(len(src), chunk_bytes.sum()), False)
+
+
+def _subtree_mask(v, k, n):
+    """Chunks owned by the binomial subtree rooted at relative rank v of level k."""
+    mask = np.zeros((len(v), n), dtype=bool)
+    for i, a in enumerate(v):
+        mask[i, a : min(a + (1 << k), n)] = True
+    return mask
+
+
+def tree_scatter(X, chunk_bytes):
+    """Rank 0 holds every chunk; hand chunk c down a binomial tree to rank c."""
+    chunk_bytes = np.asarray(chunk_bytes, dtype=np.int64)
+    n = X.shape[0]
+    for k in reversed(range(_levels(n))):
+        src = np.arange(0, n - (1 << k), 1 << (k + 1))
+        dst = src + (1 << k)
+        mask = _subtree_mask(dst, k, n)
+        for i in range(len(src)):
+            X[dst[i], mask[i]] = X[src[i], mask[i]]
+        yield Messages("scatter", src, dst, mask, (mask * chunk_bytes).sum(1), False)
+
+
+def tree_gather(X, chunk_bytes):
+    """Rank c holds chunk c; collect every chunk on rank 0 up a binomial tree."""
+    chunk_bytes = np.asarray(chunk_bytes, dtype=np.int64)
+    n = X.shape[0]
+    for k in range(_levels(n)):
+        src = np.arange(1 << k, n, 1 << (k + 1))
+        dst = src - (1 << k)
+        mask = _subtree_mask(src, k, n)
+        for i in range(len(src)):
+            X[dst[i], mask[i]] = X[src[i], mask[i]]
+        yield Messages("gather", src, dst, mask, (mask * chunk_bytes).sum(1), False)
+
+
+def naive_reduce(X, op, chunk_bytes):
+    chunk_bytes = np.asarray(chunk_bytes, dtype=np.int64)
+    n = X.shape[0]
+    if n > 1:
+        X[0] = UFUNC[op].reduce(X, axis=0)
+        src = np.arange(1, n)
+        yield Messages("reduce", src, np.zeros(n - 1, int), _whole(n - 1, n), np.full(n - 1, chunk_bytes.sum()), True, False)
+
+
+def naive_gather(X, chunk_bytes):
+    chunk_bytes = np.asarray(chunk_bytes, dtype=np.int64)
+    n = X.shape[0]
+    if n > 1:
+        src = np.arange(1, n)
+        X[0, src] = X[src, src]
+        yield Messages("gather", src, np.zeros(n - 1, int), src, chunk_bytes[src], False, False)
+
+
+def naive_broadcast(X, chunk_bytes, root=0):
+    chunk_bytes = np.asarray(chunk_bytes, dtype=np.int64)
+    n = X.shape[0]
+    if n > 1:
+        dst = np.array([r for r in range(n) if r != root])
+        X[dst] = X[root]
+        yield Messages("broadcast", np.full(n - 1, root), dst, _whole(n - 1, n), np.full(n - 1, chunk_bytes.sum()), False, False)
+
+
+def naive_scatter(X, chunk_bytes):
+    chunk_bytes = np.asarray(chunk_bytes, dtype=np.int64)
+    n = X.shape[0]
+    if n > 1:
+        dst = np.arange(1, n)
+        X[dst, dst] = X[0, dst]
+        yield Messages("scatter", np.zeros(n - 1, int), dst, dst, chunk_bytes[dst], False, False)
