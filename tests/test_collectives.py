@@ -26,11 +26,9 @@ def close(a, b, dtype):
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("alg", ALGS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("op", ["sum", "max", "min", "mean"])
+@pytest.mark.parametrize("dtype,op", [(d, op) for d in DTYPES for op in ("sum", "max", "min", "mean")
+                                      if not (op == "mean" and d == np.int64)])  # refused: tested below
 def test_all_reduce_matches_reference(n, alg, dtype, op):
-    if op == "mean" and dtype == np.int64:
-        pytest.skip("mean of ints is refused (tested below)")
     bufs = make(n, (5, 3), dtype)
     out, _ = C.run_plan(C.plan_all_reduce(bufs, op, alg))
     ref = C.reference_all_reduce(bufs, op)
