@@ -120,14 +120,16 @@ n, steps = 4, len(batches)
 psi = sum(v.size for v in p0.values())
 print(f"psi = {psi:,d} parameters, {n} ranks, {steps} steps; single-device losses {np.round(ref_losses, 4)}")
 print(f"{'stage':>7} {'max |param - single|':>21} {'sent/rank/step':>15} {'formula':>10}")
+sent = {}
 for stage in range(4):
     world = World(n)
     out = world.run(lambda comm: DP.data_parallel_train(comm, small, p0, batches, adamw, stage=stage))
     final = out[0]["params"] if stage < 3 else DP.assemble(small, p0, out)
     err = max(np.abs(final[k] - reference[k]).max() for k in reference)
-    sent = np.mean(world.stats().bytes_sent) / steps
-    print(f"{stage:>7} {err:>21.1e} {sent:>13,.0f} B {zero_traffic_per_gpu(psi, n, stage, 8):>10,.0f}")
+    sent[stage] = np.mean(world.stats().bytes_sent) / steps
+    print(f"{stage:>7} {err:>21.1e} {sent[stage]:>13,.0f} B {zero_traffic_per_gpu(psi, n, stage, 8):>10,.0f}")
     assert err < 1e-10
+print(f"ZeRO-3 sends {sent[3] / sent[0]:.2f}x what DDP sends; ZeRO-1 and ZeRO-2 send {sent[1] / sent[0]:.2f}x")
 
 # %% [markdown]
 # The parameters agree to about $10^{-14}$ (the tolerance we hold them to is $10^{-10}$):
@@ -210,8 +212,18 @@ plt.show()
 # already accurate, the steps stop falling, and the extra examples are wasted: an
 # infinitely large batch is not as good as infinitely many steps.
 #
-# A small experiment: SGD on a noisy least-squares problem, best learning rate per batch
-# size, counting steps (and examples) to reach the same loss.
+# The first limit is plain arithmetic, and the emulator enforces it:
+
+# %%
+try:
+    World(16).run(lambda comm: DP.data_parallel_train(comm, small, p0, batches[:1], adamw, stage=0))
+except Exception as exc:  # the global batch has 8 examples
+    print(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+
+# %% [markdown]
+# The second limit is statistical. A small experiment: SGD on a noisy least-squares
+# problem, best learning rate per batch size, counting steps (and examples) to reach the
+# same loss.
 
 # %%
 sweep = critical_batch_sweep()
