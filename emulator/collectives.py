@@ -121,9 +121,17 @@ class _Plan:
     ``holds0()`` gives the starting bitmask of who holds what, for :class:`Step` snapshots.
     """
 
-    def __init__(self, gen, results, snapshot, holds0, messages=None):
+    def __init__(self, gen, results, snapshot, holds0, messages=None, direct=None):
         self.gen, self.results, self.snapshot, self.holds0 = gen, results, snapshot, holds0
         self.messages = messages  # the cached messages, when the pattern is fixed
+        self.direct = direct  # the same arithmetic without per-step slices (small buffers)
+
+
+SMALL = 64 * 1024  # bytes per rank below which the ring runs chunk-major (ring.reduce_scatter_direct)
+
+
+def _small(n, m, itemsize):
+    return n * m * itemsize <= SMALL
 
 
 def _reduce_holds(n):
@@ -169,8 +177,13 @@ def plan_all_reduce(bufs, op="sum", algorithm="ring"):
     X = ring.stack(bufs, n, m, total)
     if algorithm == "ring":
         gen = _chain(ring.reduce_scatter(X, op, chunk_bytes), ring.all_gather(X, chunk_bytes))
+
+        def direct():
+            X[:] = ring.reduce_scatter_direct(X, op)[None]  # then every rank receives every chunk
+
         return _Plan(gen, lambda: _natural_results(X, total, shape, op, copy=False), lambda: list(X.copy()),
-                     partial(_reduce_holds, n), ring.all_reduce_messages(n, chunk_bytes))
+                     partial(_reduce_holds, n), ring.all_reduce_messages(n, chunk_bytes),
+                     direct if _small(n, m, dtype.itemsize) else None)
     if algorithm == "tree":
         gen = _chain(tree.tree_reduce(X, op, chunk_bytes), tree.tree_broadcast(X, chunk_bytes))
     else:
@@ -192,10 +205,13 @@ def plan_reduce_scatter(bufs, op="sum", algorithm="ring"):
     total = math.prod(shape)
     chunk_bytes, m = _chunk_nbytes(total, n, dtype.itemsize)
     X = ring.stack(bufs, n, m, total)
-    static = None
+    static = direct = None
     if algorithm == "ring":
         gen = ring.reduce_scatter(X, op, chunk_bytes)
         static = ring.messages(n, "reduce-scatter", chunk_bytes)
+        if _small(n, m, dtype.itemsize):
+            def direct():
+                ring.diagonal(X)[:] = ring.reduce_scatter_direct(X, op)
     elif algorithm == "tree":
         gen = _chain(tree.tree_reduce(X, op, chunk_bytes), tree.tree_scatter(X, chunk_bytes))
     else:
@@ -205,7 +221,7 @@ def plan_reduce_scatter(bufs, op="sum", algorithm="ring"):
         out = _finish_mean(ring.diagonal(X).copy(), op, n)
         return [out[r].reshape(out_shape) for r in range(n)]
 
-    return _Plan(gen, results, lambda: list(X.copy()), partial(_reduce_holds, n), static)
+    return _Plan(gen, results, lambda: list(X.copy()), partial(_reduce_holds, n), static, direct)
 
 
 def plan_all_gather(bufs, algorithm="ring"):
@@ -284,8 +300,11 @@ def all_to_all_pairwise(chunks):
 def run_plan(plan):
     """Run a plan to the end: (per-rank results, the Messages of every step)."""
     if plan.messages is not None:
-        for _ in plan.gen:
-            pass
+        if plan.direct is not None:
+            plan.direct()
+        else:
+            for _ in plan.gen:
+                pass
         return plan.results(), plan.messages
     steps = list(plan.gen)
     return plan.results(), steps

@@ -172,3 +172,25 @@ def test_all_to_all_is_its_own_inverse(n, seed):
             assert np.array_equal(once[r][i], chunks[i][r])  # transposed chunks
     twice, _ = C.all_to_all_pairwise(once)
     assert all(np.array_equal(twice[r][i], chunks[r][i]) for r in range(n) for i in range(n))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+@pytest.mark.parametrize("elems", [7, 1000, 40000])  # below and above the small-buffer threshold
+@pytest.mark.parametrize("op", ["sum", "max"])
+def test_small_buffers_give_the_stepped_ring_bit_for_bit(n, elems, op):
+    """run_plan takes a chunk-major shortcut for small buffers; it must add in the ring's order."""
+    bufs = [b.astype(np.float32) for b in make(n, (elems,), np.float64, seed=elems)]
+    fast, _ = C.run_plan(C.plan_all_reduce(bufs, op, "ring"))
+    stepped = C.ring_all_reduce_steps(bufs, op)
+    try:
+        while True:
+            next(stepped)
+    except StopIteration as stop:
+        slow = stop.value
+    assert all(np.array_equal(a, b) for a, b in zip(fast, slow))
+    rs_bufs = [b[: elems - elems % n] for b in bufs]
+    fast_rs, _ = C.run_plan(C.plan_reduce_scatter(rs_bufs, op, "ring"))
+    steps = list(C.ring_reduce_scatter_steps(rs_bufs, op))
+    for r in range(n):
+        last = steps[-1].buffers[r][r] if steps else rs_bufs[r]
+        assert np.array_equal(fast_rs[r], last)
