@@ -210,8 +210,9 @@ def plan_reduce_scatter(bufs, op="sum", algorithm="ring"):
         gen = ring.reduce_scatter(X, op, chunk_bytes)
         static = ring.messages(n, "reduce-scatter", chunk_bytes)
         if _small(n, m, dtype.itemsize):
-            def direct():
+            def reduce_scatter_direct():
                 ring.diagonal(X)[:] = ring.reduce_scatter_direct(X, op)
+            direct = reduce_scatter_direct
     elif algorithm == "tree":
         gen = _chain(tree.tree_reduce(X, op, chunk_bytes), tree.tree_scatter(X, chunk_bytes))
     else:

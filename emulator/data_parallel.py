@@ -81,19 +81,6 @@ def tensor_bytes(obj):
 
 
 # --------------------------------------------------------------------------- pieces
-def average_gradients(comm, grads):
-    """DDP: every rank's gradients become the mean over ranks, in one bucket: flatten all
-    tensors into one vector, one all-reduce, divide by n, cut the vector back."""
-    names = sorted(grads)
-    flat = np.concatenate([grads[k].reshape(-1) for k in names])
-    flat = comm.all_reduce(flat) / comm.size
-    out, i = {}, 0
-    for k in names:
-        out[k] = flat[i:i + grads[k].size].reshape(grads[k].shape)
-        i += grads[k].size
-    return out
-
-
 def zero1_update(comm, flat_params, flat_grads, opt, state):
     """ZeRO-1 on one flat vector: reduce-scatter the gradient, update this rank's slice with
     its optimizer state, all-gather the updated slices. Returns (full params, state)."""
@@ -133,19 +120,7 @@ class _Deferred:
         return self._value
 
 
-def zero3_layer_forward(comm, layer, layout, shard, x, name="layer"):
-    """Gather, compute, free: the forward of one ZeRO-3 layer."""
-    params = gather_layer(comm, layout, shard, name)
-    y, cache = layer.forward(params, x)
-    free_layer(comm, name)
-    return y, cache
-
-
 # --------------------------------------------------------------------------- training
-def _compute_dtype(p):
-    return np.float32 if p.dtype == bfloat16 else p.dtype
-
-
 def _upcast(params):
     """Mixed precision: bf16 parameters are used in fp32 (the forward and backward run in
     fp32; only storage and communication are bf16)."""
@@ -156,7 +131,7 @@ def _tokens(x):
     return int(np.prod(np.asarray(x).shape))
 
 
-def _forward_backward(comm, model, get_params, x, y, on_layer_grads, done_with_params=None, prefetch=None):
+def _forward_backward(comm, model, get_params, x, y, on_layer_grads, done_with_params=None):
     """Forward through the layers, backward in reverse; ``on_layer_grads(name, grads)`` is
     called as soon as a layer's gradients exist. Returns the local loss."""
     tokens = _tokens(x)
