@@ -17,51 +17,42 @@ def _bufs(n, per_rank, seed):
     return [rng.standard_normal(per_rank) for _ in range(n)]
 
 
-def _traffic(name, net, n, steps, per_rank_bytes):
-    expect(net.steps == steps, f"{name}, n={n}: used {net.steps} communication steps, expected {steps}")
-    for r in range(n):
-        expect(net.bytes_sent[r] == per_rank_bytes,
-               f"{name}, n={n}: rank {r} sent {net.bytes_sent[r]} bytes, expected {per_rank_bytes:.0f}")
+def _check_global(name, fn, inputs, want, steps, sent, exact=False):
+    """Run ``fn(bufs, net)`` for every world size; compare each rank's result with
+    ``want(bufs)[r]``, the steps with ``steps(n)`` and every rank's bytes with ``sent(n, bufs)``."""
+    for n in SIZES:
+        bufs = inputs(n)
+        net = Network(n)
+        out = fn([b.copy() for b in bufs], net)
+        expect(isinstance(out, (list, tuple)) and len(out) == n, f"{name}, n={n}: return one array per rank")
+        for r, (got, ref) in enumerate(zip(out, want(bufs))):
+            compare_arrays(f"{name}, n={n}, rank {r}", got, ref, *((0, 0) if exact else ()))
+        expect(net.steps == steps(n), f"{name}, n={n}: used {net.steps} communication steps, expected {steps(n)}")
+        for r in range(n):
+            expect(net.bytes_sent[r] == sent(n, bufs),
+                   f"{name}, n={n}: rank {r} sent {net.bytes_sent[r]} bytes, expected {sent(n, bufs):.0f}")
 
 
 def check_ring_reduce_scatter(fn):
     """fn(bufs, net) -> list of chunks: rank r gets chunk r summed over ranks, in n-1 steps."""
-    for n in SIZES:
-        bufs = _bufs(n, 3 * n, seed=n)
-        net = Network(n)
-        out = fn([b.copy() for b in bufs], net)
-        expect(isinstance(out, (list, tuple)) and len(out) == n, f"n={n}: return one chunk per rank")
-        for r, (got, want) in enumerate(zip(out, C.reference_reduce_scatter(bufs))):
-            compare_arrays(f"ring_reduce_scatter, n={n}, rank {r}", got, want)
-        _traffic("ring_reduce_scatter", net, n, n - 1, (n - 1) / n * bufs[0].nbytes)
+    _check_global("ring_reduce_scatter", fn, lambda n: _bufs(n, 3 * n, seed=n), C.reference_reduce_scatter,
+                  lambda n: n - 1, lambda n, bufs: (n - 1) / n * bufs[0].nbytes)
     passed("Exercise 0.1", "ring reduce-scatter matches the reference for n = 1, 2, 3, 4, 8, "
            "in n-1 steps, each rank sending (n-1)/n of its buffer")
 
 
 def check_ring_all_gather(fn):
-    """fn(shards, net) -> list of arrays: every rank gets all shards in rank order."""
-    for n in SIZES:
-        shards = _bufs(n, 5, seed=10 + n)
-        net = Network(n)
-        out = fn([s.copy() for s in shards], net)
-        expect(isinstance(out, (list, tuple)) and len(out) == n, f"n={n}: return one array per rank")
-        for r, got in enumerate(out):
-            compare_arrays(f"ring_all_gather, n={n}, rank {r}", got, np.concatenate(shards), rtol=0, atol=0)
-        _traffic("ring_all_gather", net, n, n - 1, (n - 1) * shards[0].nbytes)
+    """fn(shards, net) -> list of arrays: every rank gets all shards in rank order, in n-1 steps."""
+    _check_global("ring_all_gather", fn, lambda n: _bufs(n, 5, seed=10 + n), C.reference_all_gather,
+                  lambda n: n - 1, lambda n, shards: (n - 1) * shards[0].nbytes, exact=True)
     passed("Exercise 0.2", "ring all-gather matches the reference for n = 1, 2, 3, 4, 8, "
            "in n-1 steps, each rank sending (n-1)/n of the result")
 
 
 def check_ring_all_reduce(fn):
     """fn(bufs, net) -> list of arrays: every rank gets the sum, in 2(n-1) steps."""
-    for n in SIZES:
-        bufs = _bufs(n, 4 * n, seed=20 + n)
-        net = Network(n)
-        out = fn([b.copy() for b in bufs], net)
-        expect(isinstance(out, (list, tuple)) and len(out) == n, f"n={n}: return one array per rank")
-        for r, got in enumerate(out):
-            compare_arrays(f"ring_all_reduce, n={n}, rank {r}", got, np.sum(bufs, axis=0))
-        _traffic("ring_all_reduce", net, n, 2 * (n - 1), 2 * (n - 1) / n * bufs[0].nbytes)
+    _check_global("ring_all_reduce", fn, lambda n: _bufs(n, 4 * n, seed=20 + n), C.reference_all_reduce,
+                  lambda n: 2 * (n - 1), lambda n, bufs: 2 * (n - 1) / n * bufs[0].nbytes)
     passed("Exercise 0.3", "all-reduce = reduce-scatter + all-gather: 2(n-1) steps, "
            "2(n-1)/n of the buffer sent per rank")
 
