@@ -150,16 +150,18 @@ def _broadcast_holds(n, src):
     return holds
 
 
-def _check_op(op, dtype):
+def check_op(op, dtype, who=""):
+    """A reduce op the collectives know, on a dtype it makes sense for. ``who`` prefixes
+    the message (the SPMD view names the rank)."""
     if op not in REDUCE_OPS:
-        raise ArgumentError(f"unknown reduce op {op!r}; choose one of {REDUCE_OPS}")
+        raise ArgumentError(f"{who}unknown reduce op {op!r}; choose one of {REDUCE_OPS}")
     if op == "mean" and dtype.kind in "iub":
-        raise ShapeError(f"op='mean' needs a floating dtype, got {dtype}; use op='sum' and divide")
+        raise ShapeError(f"{who}op='mean' needs a floating dtype, got {dtype}; use op='sum' and divide")
 
 
-def _check_algorithm(algorithm):
+def check_algorithm(algorithm, who=""):
     if algorithm not in ALGORITHMS:
-        raise ArgumentError(f"unknown algorithm {algorithm!r}; choose one of {ALGORITHMS}")
+        raise ArgumentError(f"{who}unknown algorithm {algorithm!r}; choose one of {ALGORITHMS}")
 
 
 def _finish_mean(out, op, n):
@@ -170,8 +172,8 @@ def _finish_mean(out, op, n):
 
 def plan_all_reduce(bufs, op="sum", algorithm="ring"):
     shape, dtype = _check_same(bufs, "all_reduce")
-    _check_op(op, dtype)
-    _check_algorithm(algorithm)
+    check_op(op, dtype)
+    check_algorithm(algorithm)
     n, total = len(bufs), math.prod(shape)
     chunk_bytes, m = _chunk_nbytes(total, n, dtype.itemsize)
     X = ring.stack(bufs, n, m, total)
@@ -181,7 +183,7 @@ def plan_all_reduce(bufs, op="sum", algorithm="ring"):
         def direct():
             X[:] = ring.reduce_scatter_direct(X, op)[None]  # then every rank receives every chunk
 
-        return _Plan(gen, lambda: _natural_results(X, total, shape, op, copy=False), lambda: list(X.copy()),
+        return _Plan(gen, lambda: _natural_results(X, total, shape, op), lambda: list(X.copy()),
                      partial(_reduce_holds, n), ring.all_reduce_messages(n, chunk_bytes),
                      direct if _small(n, m, dtype.itemsize) else None)
     if algorithm == "tree":
@@ -193,8 +195,8 @@ def plan_all_reduce(bufs, op="sum", algorithm="ring"):
 
 def plan_reduce_scatter(bufs, op="sum", algorithm="ring"):
     shape, dtype = _check_same(bufs, "reduce_scatter")
-    _check_op(op, dtype)
-    _check_algorithm(algorithm)
+    check_op(op, dtype)
+    check_algorithm(algorithm)
     n = len(bufs)
     if len(shape) == 0 or shape[0] % n:
         raise ShapeError(
@@ -227,7 +229,7 @@ def plan_reduce_scatter(bufs, op="sum", algorithm="ring"):
 
 def plan_all_gather(bufs, algorithm="ring"):
     shape, dtype = _check_same(bufs, "all_gather")
-    _check_algorithm(algorithm)
+    check_algorithm(algorithm)
     if len(shape) == 0:
         raise ShapeError("all_gather: got a 0-d array; pass an array with at least one dim")
     n, m = len(bufs), math.prod(shape)
@@ -263,12 +265,11 @@ def plan_broadcast(bufs, src=0, algorithm="tree"):
     return _Plan(gen, lambda: [X[r, 0].reshape(shape) for r in range(n)], lambda: list(X.copy()), partial(_broadcast_holds, n, src))
 
 
-def _natural_results(X, total, shape, op, copy=True):
-    """Rank r's result is row r of X (its padding cut off). ``copy=False`` hands out views
-    of X itself, which the ring may do because X is private to this collective."""
+def _natural_results(X, total, shape, op):
+    """Rank r's result is row r of X, its padding cut off: a view, since X belongs to this
+    collective alone (ring.stack copied the inputs)."""
     n = X.shape[0]
-    out = X.reshape(n, -1)[:, :total]
-    out = _finish_mean(out.copy() if copy else out, op, n)
+    out = _finish_mean(X.reshape(n, -1)[:, :total], op, n)
     return [out[r].reshape(shape) for r in range(n)]
 
 
@@ -300,15 +301,12 @@ def all_to_all_pairwise(chunks):
 # --------------------------------------------------------------------------- public API
 def run_plan(plan):
     """Run a plan to the end: (per-rank results, the Messages of every step)."""
-    if plan.messages is not None:
-        if plan.direct is not None:
-            plan.direct()
-        else:
-            for _ in plan.gen:
-                pass
-        return plan.results(), plan.messages
-    steps = list(plan.gen)
-    return plan.results(), steps
+    if plan.direct is not None:
+        plan.direct()
+        steps = plan.messages
+    else:
+        steps = list(plan.gen)
+    return plan.results(), plan.messages if plan.messages is not None else steps
 
 
 def steps_of(plan):

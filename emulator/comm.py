@@ -24,6 +24,9 @@ class _Rendezvous:
         self.inputs, self.ready = {}, {}
         self.done, self.results, self.end = False, None, 0.0
 
+    def result(self, rank):
+        return self.results[self.ranks.index(rank)]
+
     def describe(self):
         missing = [r for r in self.ranks if r not in self.ready]
         return (f"waits in {self.op} #{self.seq} on group {self.label} (ranks {list(self.ranks)}); "
@@ -44,9 +47,9 @@ class _Recv:
     def done(self):
         return len(self.box) > self.k
 
-    def take(self):
-        data, _, self.end = self.box[self.k]
-        self.box[self.k] = (None, None, self.end)  # free the buffer once received
+    def result(self, rank):
+        data, self.end = self.box[self.k]
+        self.box[self.k] = (None, self.end)  # free the buffer once received
         return data
 
     def describe(self):
@@ -58,9 +61,9 @@ class Handle:
     """What ``async_op=True`` returns. ``wait()`` blocks this rank until the operation is
     done, moves its compute clock to the operation's end, and returns the result."""
 
-    def __init__(self, world, rank, work, result=None, is_recv=False):
-        self._world, self._rank, self._work, self._is_recv = world, rank, work, is_recv
-        self._result, self._waited = result, False
+    def __init__(self, world, rank, work):
+        self._world, self._rank, self._work = world, rank, work
+        self._result, self._waited = None, False
 
     def is_completed(self):
         return self._work.done
@@ -70,10 +73,7 @@ class Handle:
         if not self._waited:
             while not work.done:
                 w._block(r, work.describe)
-            if self._is_recv:
-                self._result = work.take()
-            elif isinstance(work, _Rendezvous):
-                self._result = work.results[work.ranks.index(r)]
+            self._result = work.result(r)
             self._waited = True
         c = w._clock[r]
         if work.end > c:
@@ -90,6 +90,9 @@ class _Sent:
 
     def __init__(self, end, op):
         self.end, self.op = end, op
+
+    def result(self, rank):
+        return None
 
     def describe(self):
         return "is sending"
@@ -238,17 +241,11 @@ class Comm:
 
     def _algorithm(self, algorithm):
         algorithm = algorithm or self._world.algorithm
-        if algorithm not in C.ALGORITHMS:
-            raise ArgumentError(f"rank {self.global_rank}: unknown algorithm {algorithm!r}; "
-                                f"choose one of {C.ALGORITHMS}")
+        C.check_algorithm(algorithm, who=f"rank {self.global_rank}: ")
         return algorithm
 
     def _check_op(self, op, x):
-        if op not in C.REDUCE_OPS:
-            raise ArgumentError(f"rank {self.global_rank}: unknown reduce op {op!r}; choose one of {C.REDUCE_OPS}")
-        if op == "mean" and (x.dtype if isinstance(x, np.ndarray) else np.asarray(x).dtype).kind in "iub":
-            raise ShapeError(f"rank {self.global_rank}: op='mean' needs a floating dtype, got "
-                             f"{np.asarray(x).dtype}; use op='sum' and divide")
+        C.check_op(op, x.dtype if isinstance(x, np.ndarray) else np.asarray(x).dtype, who=f"rank {self.global_rank}: ")
 
     def all_reduce(self, x, op="sum", async_op=False, algorithm=None):
         """Every rank gets op(x of every rank), elementwise; same shape as x."""
@@ -333,7 +330,7 @@ class Comm:
         w._batches.append(Batch("send", self.label, np.zeros(1, int), np.array([me]), np.array([g_dst]),
                                 np.array([data.nbytes]), np.array([start]), np.array([end])))
         w._event(me, "comm", "comm", f"send->{g_dst}", start, end)
-        w._mail.setdefault((me, g_dst), []).append((data, start, end))
+        w._mail.setdefault((me, g_dst), []).append((data, end))
         w._wake(g_dst)
         handle = Handle(w, me, _Sent(end, f"send->{g_dst}"))
         return handle if async_op else handle.wait()
@@ -344,5 +341,5 @@ class Comm:
         w, me = self._world, self.global_rank
         k = w._taken.get((g_src, me), 0)
         w._taken[(g_src, me)] = k + 1
-        handle = Handle(w, me, _Recv(w, g_src, me, k), is_recv=True)
+        handle = Handle(w, me, _Recv(w, g_src, me, k))
         return handle if async_op else handle.wait()

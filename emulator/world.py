@@ -53,8 +53,7 @@ class World:
             n = product
         if not (isinstance(n, (int, np.integer)) and n >= 1):
             raise ArgumentError(f"World needs a positive number of ranks, got {n!r}")
-        if algorithm not in C.ALGORITHMS:
-            raise ArgumentError(f"unknown algorithm {algorithm!r}; choose one of {C.ALGORITHMS}")
+        C.check_algorithm(algorithm, who="World: ")
         self.size = int(n)
         self.mesh = dict(mesh) if mesh else {}
         self.topology = topology or Topology()
@@ -75,9 +74,9 @@ class World:
         self.memory = [MemoryLedger(r, self._clock_of(r)) for r in range(n)]
         self._pending = {}  # (group ranks, seq) -> _Rendezvous
         self._seq = {}  # (group ranks, global rank) -> next sequence number
-        self._mail = {}  # (src, dst) -> list of [array, start, end]
+        self._mail = {}  # (src, dst) -> list of (array, arrival time)
         self._taken = {}  # (src, dst) -> messages received so far
-        self._waiting = {}  # global rank -> text of what it waits for
+        self._waiting = {}  # global rank -> callable describing what it waits for
         self._ready = deque()
         self._finished = [False] * n
         self._failure = None
@@ -108,7 +107,6 @@ class World:
             self._waiting.pop(rank, None)
 
         tasks = [greenlet.greenlet(lambda r=r: body(r), parent=main) for r in range(self.size)]
-        self._tasks = tasks
         self._main = main
         self._ready.extend(range(self.size))
         while self._ready and self._failure is None:
@@ -116,7 +114,6 @@ class World:
         for t in tasks:  # stop whatever still waits, running its finally blocks
             if t and not t.dead:
                 t.throw(greenlet.GreenletExit)
-        self._tasks = None
         if self._failure is not None:
             raise self._failure
         if not all(self._finished):
@@ -182,12 +179,16 @@ class World:
         """Simulated end of a collective that starts at ``t0``, and its trace arrays."""
         if not steps:
             return t0, None
+        # a fixed pattern (a cached tuple of Messages) is timed once per group; the cache
+        # keeps the tuple itself, so its id cannot be reused by another pattern
         key = (ranks, id(steps)) if isinstance(steps, tuple) else None
-        rel = self._timing_cache.get(key) if key else None
-        if rel is None:
+        hit = self._timing_cache.get(key) if key else None
+        if hit is not None and hit[0] is steps:
+            rel = hit[1]
+        else:
             rel = self._step_times(steps, ranks)
             if key:
-                self._timing_cache[key] = rel
+                self._timing_cache[key] = (steps, rel)
         step_idx, src, dst, nbytes, rel_start, rel_end, total = rel
         return t0 + total, (step_idx, src, dst, nbytes, t0 + rel_start, t0 + rel_end)
 
