@@ -65,8 +65,10 @@ class Step:
     """What a ``*_steps`` generator yields after each communication step.
 
     ``holds[r, c]`` is a bitmask of the ranks whose input is already inside chunk ``c`` on
-    rank ``r`` (0: rank r does not hold chunk c yet); ``complete(r, c)`` says whether it is
-    final. ``buffers[r]`` is rank r's data, shape (n_chunks, chunk_elements).
+    rank ``r`` (0: rank r does not hold chunk c yet); ``final[c]`` is the mask of a finished
+    chunk c (every rank for a reduction, the owner for a gather), so ``complete(r, c)`` says
+    whether rank r has its final value. ``buffers[r]`` is rank r's data, shape
+    (n_chunks, chunk_elements).
     """
 
     index: int
@@ -77,6 +79,7 @@ class Step:
     nbytes: np.ndarray
     holds: np.ndarray
     buffers: list
+    final: list
 
     @property
     def n(self):
@@ -88,7 +91,7 @@ class Step:
         return [k for k in range(self.n) if bits >> k & 1]
 
     def complete(self, rank, chunk):
-        return int(self.holds[rank, chunk]) == (1 << self.n) - 1
+        return int(self.holds[rank, chunk]) == self.final[chunk]
 
 
 # --------------------------------------------------------------------------- layouts
@@ -309,9 +312,22 @@ def run_plan(plan):
     return plan.results(), plan.messages if plan.messages is not None else steps
 
 
+def initial_step(plan):
+    """The state before any communication, as a :class:`Step` with no messages (index -1)."""
+    holds = plan.holds0()
+    empty = np.zeros(0, int)
+    return Step(-1, "start", empty, empty, [], empty, holds, plan.snapshot(), _final(holds))
+
+
+def _final(holds):
+    """A finished chunk holds everything that exists of it: the OR over ranks at the start."""
+    return [int(np.bitwise_or.reduce(holds[:, c])) for c in range(holds.shape[1])]
+
+
 def steps_of(plan):
     """Yield a :class:`Step` after every communication step; return the results."""
     holds = plan.holds0()
+    final = _final(holds)
     n_chunks = holds.shape[1]
     for i, msg in enumerate(plan.gen):
         mask = msg.chunk_mask(n_chunks)
@@ -321,7 +337,7 @@ def steps_of(plan):
             new[d, cs] = (new[d, cs] | holds[s, cs]) if msg.reduce else holds[s, cs]
         holds = new
         chunk_lists = [tuple(int(c) for c in np.flatnonzero(row)) for row in mask]
-        yield Step(i, msg.phase, msg.src, msg.dst, chunk_lists, msg.nbytes, holds.copy(), plan.snapshot())
+        yield Step(i, msg.phase, msg.src, msg.dst, chunk_lists, msg.nbytes, holds.copy(), plan.snapshot(), final)
     return plan.results()
 
 

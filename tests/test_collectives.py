@@ -194,3 +194,13 @@ def test_small_buffers_give_the_stepped_ring_bit_for_bit(n, elems, op):
     for r in range(n):
         last = steps[-1].buffers[r][r] if steps else rs_bufs[r]
         assert np.array_equal(fast_rs[r], last)
+
+
+def test_completeness_knows_gathers_from_reductions():
+    n = 4
+    gather = list(C.ring_all_gather_steps(make(n, (2,), np.float64)))
+    assert sum(gather[0].complete(r, c) for r in range(n) for c in range(n)) == 2 * n  # own + one received
+    assert all(gather[-1].complete(r, c) for r in range(n) for c in range(n))
+    plan = C.plan_all_reduce(make(n, (8,), np.float64))
+    start = C.initial_step(plan)
+    assert start.index == -1 and not any(start.complete(r, c) for r in range(n) for c in range(n))

@@ -8,20 +8,10 @@ from .. import viz
 from .common import new_axes, show_figure
 
 COLLECTIVES = {
-    "all_reduce": C.ring_all_reduce_steps,
-    "reduce_scatter": C.ring_reduce_scatter_steps,
-    "all_gather": C.ring_all_gather_steps,
+    "all_reduce": lambda bufs: C.plan_all_reduce(bufs, "sum", "ring"),
+    "reduce_scatter": lambda bufs: C.plan_reduce_scatter(bufs, "sum", "ring"),
+    "all_gather": lambda bufs: C.plan_all_gather(bufs, "ring"),
 }
-
-
-def _initial(collective, n):
-    holds = np.zeros((n, n), dtype=object)
-    if collective == "all_gather":
-        holds[np.arange(n), np.arange(n)] = 1 << np.arange(n, dtype=object)
-    else:
-        holds[:] = (1 << np.arange(n, dtype=object))[:, None]
-    empty = np.zeros(0, int)
-    return C.Step(-1, "start", empty, empty, [], empty, holds, [])
 
 
 def ring_stepper_model(n, step, collective="all_reduce", chunk_bytes=1):
@@ -36,7 +26,8 @@ def ring_stepper_model(n, step, collective="all_reduce", chunk_bytes=1):
         raise ValueError(f"n must be between 1 and 16 ranks, got {n}")
     shape = (n, 1) if collective != "all_gather" else (1,)
     bufs = [np.full(shape, float(r)) for r in range(n)]
-    steps = [_initial(collective, n)] + list(COLLECTIVES[collective](bufs))
+    plan = COLLECTIVES[collective](bufs)
+    steps = [C.initial_step(plan)] + list(C.steps_of(plan))
     total = len(steps) - 1
     if not 0 <= step <= total:
         raise ValueError(f"step must be between 0 and {total} for {collective} on {n} ranks, got {step}")
@@ -45,12 +36,9 @@ def ring_stepper_model(n, step, collective="all_reduce", chunk_bytes=1):
     for s in steps[1:step + 1]:
         np.add.at(sent, s.src, chunk_bytes)
     sends = [(int(a), int(b), int(c[0])) for a, b, c in zip(cur.src, cur.dst, cur.chunks)]
-    if collective == "all_gather":  # a gathered chunk is complete as soon as it arrives
-        complete = int(sum(bool(h) for h in cur.holds.flat))
-    elif collective == "reduce_scatter":
-        complete = sum(cur.complete(r, r) for r in range(n))
-    else:
-        complete = sum(cur.complete(r, c) for r in range(n) for c in range(n))
+    owned = [(r, r) for r in range(n)] if collective == "reduce_scatter" else \
+        [(r, c) for r in range(n) for c in range(n)]  # a reduce-scatter keeps only chunk r on rank r
+    complete = sum(cur.complete(r, c) for r, c in owned)
     if step == 0:
         text = (f"{collective} on {n} ranks: {total} steps. Step 0: every rank holds only its own data "
                 f"(each row is a rank, each column a chunk; the number is how many ranks' inputs a cell holds).")
