@@ -69,17 +69,6 @@ def layouts(model, params, n):
     return {name: FlatLayout.of(sub(params, name), n) for name, _ in model.layers}
 
 
-def tensor_bytes(obj):
-    """Bytes of every array inside a (nested) cache; other entries count nothing."""
-    if isinstance(obj, np.ndarray):
-        return obj.nbytes
-    if isinstance(obj, dict):
-        return sum(tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(tensor_bytes(v) for v in obj)
-    return 0
-
-
 # --------------------------------------------------------------------------- pieces
 def zero1_update(comm, flat_params, flat_grads, opt, state):
     """ZeRO-1 on one flat vector: reduce-scatter the gradient, update this rank's slice with
@@ -127,27 +116,25 @@ def _upcast(params):
     return {k: v.astype(np.float32) if v.dtype == bfloat16 else v for k, v in params.items()}
 
 
-def _tokens(x):
-    return int(np.prod(np.asarray(x).shape))
-
-
 def _forward_backward(comm, model, get_params, x, y, on_layer_grads, done_with_params=None):
-    """Forward through the layers, backward in reverse; ``on_layer_grads(name, grads)`` is
-    called as soon as a layer's gradients exist. Returns the local loss."""
-    tokens = _tokens(x)
+    """Forward through the layers, backward in reverse. ``get_params(name, next_name)``
+    gives a layer's parameters (``next_name``: the layer that runs after it, for
+    prefetching); ``on_layer_grads(name, grads)`` is called as soon as a layer's gradients
+    exist. Returns the local loss."""
+    tokens = np.asarray(x).size
     caches, h = {}, x
     names = [n for n, _ in model.layers]
     for i, (name, layer) in enumerate(model.layers):
-        p = get_params(name, "forward", names[i + 1] if i + 1 < len(names) else None)
+        p = get_params(name, names[i + 1] if i + 1 < len(names) else None)
         h, caches[name] = layer.forward(_upcast(p), h)
         comm.compute(flops=2 * sum(v.size for v in p.values()) * tokens, name=f"F {name}")
         if done_with_params:
             done_with_params(name)
-        comm.memory.hold(f"act:{name}", tensor_bytes(caches[name]), "activations")
+        comm.memory.hold(f"act:{name}", caches[name], "activations")  # every array in the cache
     loss, lcache = nn.cross_entropy(h, y)
     dy = nn.cross_entropy_backward(lcache)
     for i, (name, layer) in reversed(list(enumerate(model.layers))):
-        p = get_params(name, "backward", names[i - 1] if i > 0 else None)
+        p = get_params(name, names[i - 1] if i > 0 else None)
         up = _upcast(p)
         dx = layer.backward_input(up, caches[name], dy)
         grads = layer.backward_weight(up, caches[name], dy)
@@ -198,7 +185,7 @@ def data_parallel_train(comm, model, params, batches, opt, stage=0, prefetch=Fal
         xl, yl = x[r * b:(r + 1) * b], y[r * b:(r + 1) * b]
         grads, grad_shards, pending = {}, {}, {}
 
-        def get_params(name, phase, nxt):
+        def get_params(name, nxt):
             if stage < 3:
                 return full[name]
             got = pending.pop(name, None)

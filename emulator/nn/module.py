@@ -61,9 +61,6 @@ class Module:
         dx = self.backward_input(params, cache, dy)
         return dx, self.backward_weight(params, cache, dy)
 
-    def n_params(self):
-        return sum(v.size for v in self.init(np.random.default_rng(0)).values())
-
 
 class Composite(Module):
     """A module made of named children. Subclasses list ``children()`` and write
