@@ -2,23 +2,10 @@
 
 import numpy as np
 
-from .. import RankError, World, nn
+from .. import World, nn
 from ..accounting import zero_bytes_per_gpu
 from ..data_parallel import FlatLayout
-from .common import CheckFailed, compare_arrays, expect, passed
-
-
-def _run(world, prog, what):
-    try:
-        return world.run(prog)
-    except RankError as exc:
-        if isinstance(exc.original, NotImplementedError):
-            raise exc.original from None
-        raise CheckFailed(f"{what}: the program failed on the emulator:\n{exc}") from None
-    except CheckFailed:
-        raise
-    except Exception as exc:  # noqa: BLE001 -- the emulator's own message says what happened
-        raise CheckFailed(f"{what}: the program failed on the emulator:\n{exc}") from None
+from .common import compare_arrays, expect, passed, run_on_emulator
 
 
 def _calls(world, op):
@@ -34,7 +21,7 @@ def check_ddp_average_gradients(fn):
         rng = np.random.default_rng(n)
         grads = [{k: rng.standard_normal(s) for k, s in shapes.items()} for _ in range(n)]
         world = World(n)
-        out = _run(world, lambda comm: fn(comm, {k: v.copy() for k, v in grads[comm.rank].items()}),
+        out = run_on_emulator(world, lambda comm: fn(comm, {k: v.copy() for k, v in grads[comm.rank].items()}),
                    "ddp_average_gradients")
         for r in range(n):
             expect(set(out[r]) == set(shapes), f"n={n}: rank {r} returned keys {sorted(out[r])}")
@@ -68,7 +55,7 @@ def check_zero1_step(fn):
             new2, state = fn(comm, new, grads[comm.rank].copy(), opt, state)  # a second step uses the state
             return new, new2, state
 
-        out = _run(world, prog, "zero1_step")
+        out = run_on_emulator(world, prog, "zero1_step")
         ref_state = opt.init({"flat": params})
         ref1, ref_state = opt.step({"flat": params}, {"flat": np.mean(grads, axis=0)}, ref_state)
         ref2, _ = opt.step(ref1, {"flat": np.mean(grads, axis=0)}, ref_state)
@@ -103,7 +90,7 @@ def check_zero3_layer_forward(fn):
             y, cache = fn(comm, block, layout, layout.shard(flat, comm.rank, n), x)
             return y, comm.memory.current["buffers"], comm.memory.peak_by_kind["buffers"]
 
-        out = _run(world, prog, "zero3_layer_forward")
+        out = run_on_emulator(world, prog, "zero3_layer_forward")
         for r, (y, current, peak) in enumerate(out):
             compare_arrays(f"n={n}, rank {r}, layer output", y, want)
             expect(peak >= flat.nbytes, f"n={n}: rank {r} never held the gathered layer in its ledger "
