@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from common import base_parser, fail, finish, init, say, sync
 
 from emulator import World, nn
+from emulator.cost import BUS_FACTOR
 from emulator import data_parallel as DP
 from emulator.memory import MemoryLedger
 from emulator.nn import torch_reference as R
@@ -60,21 +61,25 @@ def loss_fn(logits, y):
 
 
 class Traffic:
-    """Bytes this rank sends per collective under a ring algorithm."""
+    """Bytes this rank sends per collective under a ring algorithm: the collective's size
+    (nccl-tests' convention: the gathered output for all_gather) times its bus factor."""
 
     def __init__(self, n):
         self.n, self.sent = n, 0
 
+    def _count(self, op, t):
+        self.sent += BUS_FACTOR[op](self.n) * t.numel() * t.element_size()
+
     def all_reduce(self, t):
-        self.sent += 2 * (self.n - 1) * t.numel() * t.element_size() // self.n
+        self._count("all_reduce", t)
         dist.all_reduce(t)
 
     def reduce_scatter(self, out, t):
-        self.sent += (self.n - 1) * t.numel() * t.element_size() // self.n
+        self._count("reduce_scatter", t)
         dist.reduce_scatter_single(out, t)
 
     def all_gather(self, out, t):
-        self.sent += (self.n - 1) * t.numel() * t.element_size()
+        self._count("all_gather", out)
         dist.all_gather_single(out, t)
 
 

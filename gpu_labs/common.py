@@ -73,9 +73,7 @@ def timed(fn, device, iters, warmup=2):
         fn()
         sync(device)
         times.append(time.perf_counter() - t)
-    med = torch.tensor(sorted(times)[len(times) // 2], dtype=torch.float64)
-    if med.device != device and dist.get_backend() == "nccl":
-        med = med.to(device)
+    med = torch.tensor(sorted(times)[len(times) // 2], dtype=torch.float64, device=device)
     dist.all_reduce(med, op=dist.ReduceOp.MAX)
     return float(med)
 
