@@ -5,22 +5,28 @@ NumPy data, every message recorded, every byte held counted, and simulated time.
 """
 
 from . import collectives
-from .errors import (ArgumentError, CollectiveMismatchError, DeadlockError, EmulatorError, GroupError,
+from .calls import Call
+from .comm import Comm
+from .errors import (CollectiveMismatchError, ConfigError, DeadlockError, EmulatorError, GroupError,
                      MemoryLedgerError, MeshError, PeerError, RankError, ShapeError)
 from .memory import KINDS as MEMORY_KINDS
 from .memory import MemoryLedger
+from .mesh import Mesh
+from .messages import REDUCE_OPS, ReduceOp
+from .p2p import P2POp
+from .rendezvous import Handle
 from .table import Table, human_bytes
-from .topology import INFINIBAND_NDR, NVLINK_H100, NVLINK_H100_LINE_RATE, Link, Topology
-from .trace import Event, Stats, Timeline, TraceRecord
-from .comm import Comm, Handle
+from .timeline import Event, Timeline
+from .topology import INFINIBAND_NDR, NVLINK_H100, Link, Topology
+from .trace import Stats, TraceRecord
 from .world import World
 
 __all__ = [
-    "World", "Comm", "Handle", "Topology", "Link", "NVLINK_H100", "NVLINK_H100_LINE_RATE",
-    "INFINIBAND_NDR", "MemoryLedger", "MEMORY_KINDS", "Table", "human_bytes", "Event", "Stats",
-    "Timeline", "TraceRecord", "collectives", "EmulatorError", "CollectiveMismatchError",
-    "DeadlockError", "RankError", "ShapeError", "PeerError", "GroupError", "MeshError",
-    "MemoryLedgerError", "ArgumentError",
+    "World", "Comm", "Handle", "P2POp", "Mesh", "Topology", "Link", "NVLINK_H100", "INFINIBAND_NDR",
+    "ReduceOp", "REDUCE_OPS", "MemoryLedger", "MEMORY_KINDS", "Table", "human_bytes", "Event", "Stats",
+    "Timeline", "TraceRecord", "Call", "collectives", "EmulatorError", "ConfigError",
+    "CollectiveMismatchError", "DeadlockError", "RankError", "ShapeError", "PeerError", "GroupError",
+    "MeshError", "MemoryLedgerError",
 ]
 
 
@@ -28,6 +34,6 @@ def __getattr__(name):
     # Heavier parts load on first use: `from emulator import nn`, `emulator.viz`, ...
     import importlib
 
-    if name in ("nn", "viz", "accounting", "widgets"):
+    if name in ("nn", "viz", "accounting", "widgets", "parallel", "training", "sharding", "cost"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'emulator' has no attribute {name!r}")

@@ -1,21 +1,37 @@
-"""The alpha-beta cost of collectives, in closed form, and nccl-tests' bandwidth figures.
+"""The alpha-beta cost of collectives in closed form, and nccl-tests' bandwidth figures.
 
-These are the same numbers the emulator's clock produces for a collective that starts with
-every rank ready (a test checks they agree), written as formulas a student can read:
+These are the times the emulator's clock gives a collective that starts with every rank
+ready (a test checks they agree within 5% for many groups, strided ones included),
+written as formulas a student can read. ``S`` is the collective's size as nccl-tests
+counts it: the per-rank buffer for all_reduce and reduce_scatter, the gathered result for
+all_gather.
 
-* ring all-reduce:   2(n-1) steps of S/n bytes -> 2(n-1) alpha + 2(n-1)/n * S / beta
-* ring reduce-scatter or all-gather: (n-1) steps -> (n-1) alpha + (n-1)/n * S / beta
-* tree all-reduce:   2 ceil(log2 n) steps of S bytes -> 2 ceil(log2 n) (alpha + S / beta)
+**Ring** (all_reduce: 2(n-1) steps; reduce_scatter, all_gather: n-1 steps). With c
+channels, every step each channel moves a piece of S/(n c) bytes from every rank to the
+next in its ring, and a step lasts as long as its busiest port::
 
-``S`` is the per-rank buffer (for all-gather: the gathered result), and a ring's slowest
-link sets beta: if the ring leaves a node, every step waits for the inter-node link.
+    T = steps * max over ports (alpha_link + pieces_through_port * S / (n c) / beta_link)
 
-nccl-tests reports ``algbw = S / t`` and ``busbw = algbw * factor`` with factor 2(n-1)/n for
-all-reduce and (n-1)/n for reduce-scatter and all-gather, so that busbw is comparable to
-the link's bandwidth whatever n is.
+Inside one node every rank's NVLink-out carries all c pieces: T = steps (alpha + S/n/beta),
+the textbook 2(n-1) alpha + 2(n-1)/n S/beta for all_reduce. Across nodes each channel
+leaves a node through a different GPU's NIC (:meth:`Topology.rings`), so with c >= GPUs
+per node the NICs share the crossing pieces and the bus bandwidth is about their sum.
+
+**Tree** (binomial, unpipelined; see :mod:`emulator.tree`): all_reduce is ceil(log2 n)
+levels up and as many down, each moving the whole buffer: T = sum over levels of
+(alpha + S / beta) on the slowest link of that level.
+
+nccl-tests reports ``algbw = S / t`` and ``busbw = algbw * factor`` with factor 2(n-1)/n
+for all_reduce and (n-1)/n for reduce_scatter and all_gather, so that busbw is comparable
+to a link's bandwidth whatever n is.
 """
 
 import math
+
+import numpy as np
+
+from .errors import ConfigError
+from .links import ports_of
 
 BUS_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -23,36 +39,83 @@ BUS_FACTOR = {
     "all_gather": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
 }
+RING_STEPS = {"all_reduce": lambda n: 2 * (n - 1), "reduce_scatter": lambda n: n - 1, "all_gather": lambda n: n - 1}
 
 
-def _check(nbytes, n):
-    if n < 1 or nbytes < 0:
-        raise ValueError(f"need n >= 1 ranks and nbytes >= 0, got n={n}, nbytes={nbytes}")
+def group(ranks):
+    """A group's global ranks: a list as given, or an int n meaning ranks 0..n-1."""
+    if isinstance(ranks, (int, np.integer)):
+        if ranks < 1:
+            raise ConfigError(f"need at least one rank, got n={ranks}")
+        return tuple(range(int(ranks)))
+    ranks = tuple(int(r) for r in ranks)
+    if not ranks or len(set(ranks)) != len(ranks) or min(ranks) < 0:
+        raise ConfigError(f"a group is a non-empty list of distinct ranks >= 0, got {list(ranks)}")
+    return ranks
 
 
-def ring_link(topology, n):
-    """The link that sets a ring's pace: intra-node if all n ranks share a node."""
-    return topology.intra if n <= topology.gpus_per_node else topology.inter
+def _link(topology, nic):
+    return topology.nic if nic else topology.nvlink
 
 
-def collective_time(op, nbytes, n, topology, algorithm="ring"):
-    """Seconds for one collective of ``nbytes`` per rank on ranks 0..n-1 of ``topology``."""
-    _check(nbytes, n)
-    if n == 1:
+def ring_time(op, nbytes, ranks, topology, channels=None):
+    """The ring formula above, for the group ``ranks`` (global ranks)."""
+    n = len(ranks)
+    c = topology.channels if channels is None else channels
+    piece = nbytes / (n * c)
+    world = max(ranks) + 1
+    load = {}  # port -> (pieces through it per step, crosses nodes)
+    for order, first, stop in topology.rings(ranks, c):
+        g = np.asarray(ranks)[list(order)]
+        out, into, nic = ports_of(g, np.roll(g, -1), world, topology)
+        for port, crosses in zip(np.concatenate([out, into]), np.concatenate([nic, nic])):
+            count, _ = load.get(int(port), (0, crosses))
+            load[int(port)] = (count + stop - first, bool(crosses))
+    step = max(_link(topology, nic).alpha + count * piece / _link(topology, nic).beta
+               for count, nic in load.values())
+    return RING_STEPS[op](n) * step
+
+
+def tree_time(op, nbytes, ranks, topology, root=0):
+    """Binomial tree: all_reduce (up then down from group rank 0) or broadcast (down from
+    group rank ``root``); every level moves the whole buffer on its slowest link."""
+    n = len(ranks)
+    g = topology.gpus_per_node
+    levels = range(max(0, math.ceil(math.log2(n))))
+
+    def level_time(k):
+        v = np.arange(0, n - (1 << k), 1 << (k + 1))  # parents at level k (relative to the root)
+        src = np.asarray(ranks)[(v + root) % n]
+        dst = np.asarray(ranks)[(v + (1 << k) + root) % n]
+        crosses = (src // g != dst // g).any()
+        return _link(topology, crosses).time(nbytes)
+
+    down = sum(level_time(k) for k in levels)
+    return 2 * down if op == "all_reduce" else down
+
+
+def collective_time(op, nbytes, ranks, topology, algorithm="ring", channels=None):
+    """Seconds for one collective of ``nbytes`` (S, as above) on the group ``ranks`` (a list
+    of global ranks, or an int n for ranks 0..n-1) of ``topology``."""
+    ranks = group(ranks)
+    if nbytes < 0:
+        raise ConfigError(f"nbytes must be >= 0, got {nbytes}")
+    if len(ranks) == 1:
         return 0.0
-    if algorithm == "ring":
-        link = ring_link(topology, n)
-        steps = 2 * (n - 1) if op == "all_reduce" else n - 1
-        return steps * link.alpha + BUS_FACTOR[op](n) * nbytes / link.beta
-    if algorithm == "tree" and op == "all_reduce":
-        link = ring_link(topology, n)
-        levels = math.ceil(math.log2(n))
-        return 2 * levels * (link.alpha + nbytes / link.beta)
-    raise ValueError(f"no closed form here for {algorithm} {op}; run it on a World and read world.stats()")
+    if algorithm == "ring" and op in RING_STEPS:
+        return ring_time(op, nbytes, ranks, topology, channels)
+    if algorithm == "tree" and op in ("all_reduce", "broadcast"):
+        return tree_time(op, nbytes, ranks, topology)
+    raise ConfigError(f"no closed form here for {algorithm} {op}; run it on a World and read world.stats()")
+
+
+def p2p_time(nbytes, src, dst, topology):
+    """One point-to-point message between global ranks ``src`` and ``dst``."""
+    return topology.link(src, dst).time(nbytes)
 
 
 def algbw(nbytes, seconds):
-    """Algorithm bandwidth as nccl-tests defines it: bytes per rank over time."""
+    """Algorithm bandwidth as nccl-tests defines it: bytes over time."""
     return nbytes / seconds
 
 
@@ -62,6 +125,6 @@ def busbw(op, nbytes, n, seconds):
 
 
 def crossover_bytes(n, link):
-    """Message size where a ring all-reduce's latency term equals its bandwidth term:
-    2(n-1) alpha = 2(n-1)/n S / beta  ->  S = n alpha beta."""
+    """Message size where a ring all-reduce's latency term equals its bandwidth term
+    (one node, one link): 2(n-1) alpha = 2(n-1)/n S / beta  ->  S = n alpha beta."""
     return n * link.alpha * link.beta

@@ -2,12 +2,18 @@
 
 Every misuse of the emulated machine raises a subclass of :class:`EmulatorError` from
 ``world.run`` at once (never a hang), and the message names the ranks involved and what
-to do about it.
+to do about it. Bad arguments to anything in the package (a model, a topology, a
+formula) raise :class:`ConfigError`, which is also a ``ValueError``.
 """
 
 
 class EmulatorError(Exception):
     """Base class of every error the emulator raises on purpose."""
+
+
+class ConfigError(EmulatorError, ValueError):
+    """An argument the emulator cannot use: unknown reduce op or algorithm, a negative
+    size, a model whose dims do not fit, a formula's parameter out of range."""
 
 
 class CollectiveMismatchError(EmulatorError):
@@ -16,7 +22,8 @@ class CollectiveMismatchError(EmulatorError):
 
 
 class DeadlockError(EmulatorError):
-    """Every live rank is blocked and no collective or receive can ever complete."""
+    """Every live rank is blocked and no collective or point-to-point transfer can
+    ever complete."""
 
 
 class RankError(EmulatorError):
@@ -36,25 +43,21 @@ class RankError(EmulatorError):
         )
 
 
-class ArgumentError(EmulatorError, ValueError):
-    """An argument the emulator cannot use (unknown reduce op or algorithm, bad src)."""
-
-
-class ShapeError(EmulatorError, ValueError):
+class ShapeError(ConfigError):
     """An array cannot be used the way the collective needs (e.g. uneven split)."""
 
 
-class PeerError(EmulatorError, ValueError):
+class PeerError(ConfigError):
     """A point-to-point peer is invalid: the rank itself, or out of range."""
 
 
-class GroupError(EmulatorError, ValueError):
+class GroupError(ConfigError):
     """A rank used a group it is not in, or a mesh axis that does not exist."""
 
 
-class MeshError(EmulatorError, ValueError):
+class MeshError(ConfigError):
     """A mesh whose axis sizes do not multiply to the world size, or a bad axis."""
 
 
-class MemoryLedgerError(EmulatorError, ValueError):
+class MemoryLedgerError(ConfigError):
     """Misuse of a rank's memory ledger (unknown name, name held twice, bad kind)."""

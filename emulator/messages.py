@@ -1,10 +1,19 @@
-"""What a communication step sends: the record every algorithm yields."""
+"""What a communication step sends: the record every algorithm yields, and reduce ops."""
 
 from dataclasses import dataclass
 
 import numpy as np
 
-UFUNC = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}
+# torch.distributed.ReduceOp's names; "avg" adds, then divides by the group size
+REDUCE_OPS = ("sum", "avg", "max", "min", "product")
+UFUNC = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum, "product": np.multiply}
+
+
+class ReduceOp:
+    """The reduce ops by torch's names: ``comm.all_reduce(x, op=ReduceOp.MAX)`` is
+    ``op="max"``."""
+
+    SUM, AVG, MAX, MIN, PRODUCT = REDUCE_OPS
 
 
 @dataclass
@@ -14,6 +23,9 @@ class Messages:
     ``chunks`` is either a 1-D int array (message i carries chunk ``chunks[i]``) or a 2-D
     bool mask (message i carries the chunks where ``chunks[i]`` is True). ``reduce`` says
     whether the receiver combines what arrives with what it holds, or overwrites.
+    ``channel`` is the NCCL channel of each message (None: all on channel 0).
+    ``exclusive``: no rank sends or receives two messages in this step (which lets the
+    clock time it message by message).
     """
 
     phase: str
@@ -22,7 +34,11 @@ class Messages:
     chunks: np.ndarray
     nbytes: np.ndarray
     reduce: bool
-    exclusive: bool = True  # no rank sends or receives two messages in this step
+    channel: np.ndarray = None
+    exclusive: bool = False
+
+    def channels(self):
+        return np.zeros(len(self.src), dtype=np.int64) if self.channel is None else self.channel
 
     def chunk_mask(self, n_chunks):
         if self.chunks.ndim == 2:

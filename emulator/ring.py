@@ -1,8 +1,17 @@
 """The ring: every rank sends one chunk to its right neighbour in every step.
 
-Buffers are stacked as rows ``rank * n + chunk`` of one array (shape (n, n, m)); the
-chunks that move in one step lie on a wrapped diagonal of that array, which is a strided
-slice (step n+1) of the rows, so a step is three slice operations for all ranks at once.
+Layout. A collective's buffers are stacked as one array ``X`` of shape (n, n, c, m):
+rank, chunk, channel, element. Chunk j is the part of the buffer that rank j owns after a
+reduce-scatter; it is cut further into c channel pieces, each carried by its own ring, as
+NCCL does (see :meth:`emulator.topology.Topology.rings`).
+
+A ring visits the ranks in some order; position p sends to position p+1. With both the
+rank and the chunk axes in ring order ("position space"), the chunks that move in one step
+lie on a wrapped diagonal of X: a strided slice (step n+1) of the rows ``position * n +
+chunk``, so a step is three slice operations for all ranks at once, not a loop over
+ranks. Channels that share an order move together. A ring whose order is not the ranks'
+own (only across nodes) works on a permuted copy of its channels, written back when the
+phase ends.
 """
 
 from functools import lru_cache
@@ -12,44 +21,116 @@ import numpy as np
 from .messages import UFUNC, Messages
 
 
+def is_identity(order):
+    return all(i == r for i, r in enumerate(order))
+
+
 @lru_cache(maxsize=512)
-def messages(n, phase, chunk_bytes):
-    """The messages of every step of a ring phase. Cached: they depend only on n and the
-    chunk sizes, and the world caches their timing by identity."""
-    src = np.arange(n)
-    dst = (src + 1) % n
+def messages(n, phase, chunk_bytes, rings):
+    """The messages of every step of a ring phase (``"reduce-scatter"`` or
+    ``"all-gather"``). ``chunk_bytes[j][k]``: bytes of chunk j's piece on channel k;
+    ``rings``: ``((order, first, stop), ...)``. Cached: the world caches their timing by
+    identity."""
     cb = np.array(chunk_bytes, dtype=np.int64)
-    out = []
-    for s in range(n - 1):
-        chunk = (src - (s + 1 if phase == "reduce-scatter" else s)) % n
-        out.append(Messages(phase, src, dst, chunk, cb[chunk], phase == "reduce-scatter"))
-    return tuple(out)
+    shifts = np.arange(1, n) if phase == "reduce-scatter" else np.arange(n - 1)
+    pos = np.arange(n)
+    src, dst, chunk, channel = [], [], [], []
+    for order, first, stop in rings:
+        o, k = np.asarray(order), stop - first
+        src.append(np.tile(o, k))
+        dst.append(np.tile(o[(pos + 1) % n], k))
+        chunk.append(np.tile(o[(pos[None, :] - shifts[:, None]) % n], (1, k)))  # (steps, k n)
+        channel.append(np.repeat(np.arange(first, stop), n))
+    src, dst, channel = (np.concatenate(a) for a in (src, dst, channel))
+    chunk = np.concatenate(chunk, axis=1)
+    nbytes = cb[chunk, channel[None, :]]
+    exclusive = len(rings) == 1 and rings[0][2] - rings[0][1] == 1  # one ring, one channel
+    reduce = phase == "reduce-scatter"
+    return tuple(Messages(phase, src, dst, chunk[s], nbytes[s], reduce, channel, exclusive) for s in range(n - 1))
 
 
 @lru_cache(maxsize=512)
-def all_reduce_messages(n, chunk_bytes):
-    return messages(n, "reduce-scatter", chunk_bytes) + messages(n, "all-gather", chunk_bytes)
+def all_reduce_messages(n, chunk_bytes, rings):
+    return messages(n, "reduce-scatter", chunk_bytes, rings) + messages(n, "all-gather", chunk_bytes, rings)
 
 
-def stack(bufs, n, m, total):
-    """Stack flat buffers as (n, n, m): rank, chunk, element (zero-padded at the end)."""
-    if total == n * m:
-        return np.stack(bufs).reshape(n, n, m)
-    X = np.zeros((n, n * m), dtype=np.asarray(bufs[0]).dtype)
-    for r, b in enumerate(bufs):
-        X[r, :total] = np.asarray(b).reshape(-1)
-    return X.reshape(n, n, m)
+def single_ring(n, channels=1):
+    """One ring in rank order carrying every channel (one node, or the global view)."""
+    return ((tuple(range(n)), 0, channels),)
 
 
-def ring_pass(X, shift, ufunc=None):
-    """Every rank r passes its chunk (r - shift) mod n to rank r+1, which combines it with
-    its own copy (``ufunc``) or stores it (``ufunc=None``); all ranks at once.
+# --------------------------------------------------------------------------- data
+def layout(total, n, channels):
+    """(q, c, m) for a buffer of ``total`` elements on n ranks: q elements per chunk,
+    c channels (never more than q: every channel piece holds an element), m per piece."""
+    q = -(-total // n)
+    c = max(1, min(channels, q))
+    return q, c, -(-q // c)
 
-    In the flat rows F[rank * n + chunk], rank r's chunk sits at r*(n+1) - shift (plus n
-    when it wraps) and the receiver's copy n rows later, except for rank n-1 whose
-    receiver is rank 0: two strided slices and one row."""
+
+@lru_cache(maxsize=1024)
+def chunk_bytes(total, n, q, c, m, itemsize):
+    """Bytes of chunk j's piece on channel k, as a tuple of tuples (padding excluded)."""
+    valid = np.minimum(np.maximum(total - np.arange(n) * q, 0), q)
+    piece = np.minimum(np.maximum(valid[:, None] - np.arange(c)[None, :] * m, 0), m) * itemsize
+    return tuple(map(tuple, piece.tolist()))
+
+
+def stack(bufs, n, q, c, m, total):
+    """Stack flat buffers as (n, n, c, m): rank, chunk, channel, element, zero-padded."""
+    flat = np.stack(bufs).reshape(n, total)  # the buffers have one shape (plans check it)
+    if total == n * q and q == c * m:
+        return flat.reshape(n, n, c, m)
+    X = np.zeros((n, n, c * m), dtype=flat.dtype)
+    padded = np.zeros((n, n * q), dtype=flat.dtype)
+    padded[:, :total] = flat
+    X[:, :, :q] = padded.reshape(n, n, q)
+    return X.reshape(n, n, c, m)
+
+
+def natural(X, q, total):
+    """Every rank's buffer back in its own layout, shape (n, total), padding dropped."""
     n = X.shape[0]
-    F = X.reshape(n * n, -1)
+    return X.reshape(n, n, -1)[:, :, :q].reshape(n, n * q)[:, :total]
+
+
+def diagonal(X):
+    """Rows (r, r): the chunk each rank owns. A strided view, shape (n, c, m)."""
+    n = X.shape[0]
+    return X.reshape(n * n, *X.shape[2:])[:: n + 1]
+
+
+def enter(X, rings):
+    """Each ring's channels in position space: a view for a ring in rank order, else a
+    permuted copy. Returns [(Y, where to write it back or None)]."""
+    out = []
+    for order, first, stop in rings:
+        view = X[:, :, first:stop]
+        if is_identity(order):
+            out.append((view, None))
+        else:
+            idx = np.ix_(order, order)
+            out.append((view[idx], (view, idx)))
+    return out
+
+
+def leave(entered):
+    for Y, back in entered:
+        if back is not None:
+            view, idx = back
+            view[idx] = Y
+
+
+# --------------------------------------------------------------------------- steps
+def ring_pass(Y, shift, ufunc=None):
+    """Every position p passes its chunk (p - shift) mod n to position p+1, which combines
+    it with its own copy (``ufunc``) or stores it (``ufunc=None``); all at once.
+
+    In the rows F[position * n + chunk], position p's chunk sits at p*(n+1) - shift (plus
+    n when it wraps) and the receiver's copy n rows later, except for position n-1 whose
+    receiver is position 0: two strided slices and one row."""
+    n = Y.shape[0]
+    F = Y.reshape(n * n, *Y.shape[2:])
     for src, dst in ring_slices(n, shift):
         if ufunc is None:
             F[dst] = F[src]
@@ -60,7 +141,7 @@ def ring_pass(X, shift, ufunc=None):
 
 @lru_cache(maxsize=1024)
 def ring_slices(n, shift):
-    """(source rows, destination rows) of one ring pass, as slices of F[rank * n + chunk]."""
+    """(source rows, destination rows) of one ring pass, as slices of F[p * n + chunk]."""
     step, pairs = n + 1, []
     for r0, r1, wrap in ((shift, n - 1, 0), (0, min(shift, n - 1), n)):
         if r1 > r0:
@@ -72,47 +153,61 @@ def ring_slices(n, shift):
     return tuple(pairs)
 
 
-def diagonal(X):
-    """Rows (r, r): the chunk each rank owns. A strided view."""
-    n = X.shape[0]
-    return X.reshape(n * n, -1)[:: n + 1]
-
-
-def reduce_scatter(X, op, chunk_bytes):
-    """Step s: every rank r sends chunk (r-s-1) mod n to rank r+1, which combines it
-    with its own copy. After n-1 steps rank r holds chunk r, reduced over all ranks."""
+def reduce_scatter(X, op, chunk_bytes, rings):
+    """Step s: every position p sends chunk (p-s-1) mod n to p+1, which combines it with
+    its own copy. After n-1 steps position p holds chunk p, reduced over all ranks."""
     ufunc = UFUNC[op]
-    for s, msg in enumerate(messages(X.shape[0], "reduce-scatter", chunk_bytes)):
-        ring_pass(X, s + 1, ufunc)
+    entered = enter(X, rings)
+    for s, msg in enumerate(messages(X.shape[0], "reduce-scatter", chunk_bytes, rings)):
+        for Y, _ in entered:
+            ring_pass(Y, s + 1, ufunc)
         yield msg
+    leave(entered)
 
 
-def all_gather(X, chunk_bytes):
-    """Step s: every rank r passes on chunk (r-s) mod n, the last complete chunk it got.
-    Starts from rank r holding complete chunk r; ends with every rank holding all."""
-    for s, msg in enumerate(messages(X.shape[0], "all-gather", chunk_bytes)):
-        ring_pass(X, s)
+def all_gather(X, chunk_bytes, rings):
+    """Step s: every position p passes on chunk (p-s) mod n, the last complete chunk it
+    got. Starts from position p holding chunk p; ends with every position holding all."""
+    entered = enter(X, rings)
+    for s, msg in enumerate(messages(X.shape[0], "all-gather", chunk_bytes, rings)):
+        for Y, _ in entered:
+            ring_pass(Y, s)
         yield msg
+    leave(entered)
 
 
 @lru_cache(maxsize=64)
 def _contributors(n):
-    """(rank, chunk) index arrays: the k-th term of chunk c comes from rank (c + 1 + k) mod n."""
+    """(position, chunk) index arrays: the k-th term of chunk c comes from position
+    (c + 1 + k) mod n."""
     k, c = np.arange(n)[:, None], np.arange(n)[None, :]
     return (c + 1 + k) % n, np.broadcast_to(c, (n, n))
 
 
-def reduce_scatter_direct(X, op):
+def reduce_scatter_direct(Y, op):
     """The same reduce-scatter, chunk-major: step k adds the term that step k of the ring
     adds, to every chunk at once (one ufunc per step). The additions happen in the ring's
     order, so the result is bit for bit the same; only the memory layout differs (one
     extra copy of the buffers), which pays off for small buffers. Returns the reduced
-    chunks, shape (n, m)."""
-    n = X.shape[0]
-    ranks, chunks = _contributors(n)
-    terms = X[ranks, chunks]  # terms[k, c]: the k-th contribution to chunk c
+    chunks in position space, shape (n, c, m)."""
+    n = Y.shape[0]
+    pos, chunks = _contributors(n)
+    terms = Y[pos, chunks]  # terms[k, c]: the k-th contribution to chunk c
     acc = terms[0]
     ufunc = UFUNC[op]
     for k in range(1, n):
         ufunc(acc, terms[k], out=acc)
     return acc
+
+
+def direct(X, op, rings, everyone):
+    """Reduce-scatter chunk-major on every ring; with ``everyone`` every position then
+    holds every reduced chunk (the all-gather's result) instead of just its own."""
+    entered = enter(X, rings)
+    for Y, _ in entered:
+        acc = reduce_scatter_direct(Y, op)
+        if everyone:
+            Y[:] = acc[None]
+        else:
+            diagonal(Y)[:] = acc
+    leave(entered)

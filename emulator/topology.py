@@ -1,82 +1,167 @@
-"""The machine's shape and the alpha-beta cost of a message.
+"""The machine's shape: nodes of GPUs on NVLink, NICs between nodes, and NCCL's channels.
 
 A message of ``n`` bytes over a link costs ``alpha + n / beta`` seconds: ``alpha`` is the
-fixed latency (launch, synchronisation, first byte), ``beta`` the bandwidth in bytes/s.
-Ranks ``0..gpus_per_node-1`` share node 0, the next ``gpus_per_node`` node 1, and so on;
-a message between two ranks on one node takes the intra-node link, any other message the
-inter-node link.
+fixed latency (launch, synchronisation, first byte), ``beta`` the bandwidth NCCL achieves
+on that link, per direction. Ranks ``0..gpus_per_node-1`` share node 0, the next
+``gpus_per_node`` node 1, and so on (as torchrun numbers them). Every GPU has
 
-Where the preset numbers come from (rounded; they are for reasoning, not for a datasheet):
+* an NVLink port (through the node's NVSwitch to any GPU of its node), one direction out
+  and one in, and
+* a NIC: ``nics_per_node`` NICs per node, GPU ``g`` of a node using NIC
+  ``g // (gpus_per_node // nics_per_node)``; the default is one NIC per GPU, the
+  rail-optimized layout of DGX/HGX H100 and H200 clusters.
 
-* NVLink 4 on an 8-GPU H100/H200 (HGX) node: 18 links x 25 GB/s = 450 GB/s per direction
-  per GPU (900 GB/s bidirectional, NVIDIA's H100 datasheet). nccl-tests' all_reduce on
-  such a node reports a bus bandwidth of roughly 360-380 GB/s for large messages; we use
-  370 GB/s as the achieved per-direction bandwidth of one ring step.
-* InfiniBand NDR: 400 Gb/s per port, one port (one NIC) per GPU = 50 GB/s per GPU per
-  direction (NVIDIA ConnectX-7 datasheet; DGX H100 has 8 NDR ports for 8 GPUs).
-* Latency: a few microseconds per hop is the order nccl-tests shows for small messages
-  (NVLink about 2 us per step, InfiniBand about 5 us per step).
-* Peak dense bf16 throughput of an H100/H200 SXM: 989 TFLOP/s (datasheet, without
-  sparsity). H200 has the H100's compute with more and faster HBM.
+A message between two GPUs of one node takes the sender's NVLink-out and the receiver's
+NVLink-in; any other message the sender's NIC-out and the receiver's NIC-in (the fabric
+between NICs is a non-blocking fat tree). :mod:`emulator.links` charges every message on
+those ports.
+
+**Channels.** NCCL splits a ring collective over several *channels*: parallel rings, each
+moving a slice of the buffer. Within a node every channel's ring visits the node's GPUs in
+the same cyclic order, but each starts at a different GPU, so each channel enters and
+leaves the node through a different GPU and NIC (:meth:`Topology.rings`). With 8 GPUs and
+8 NICs per node, 8 channels put every NIC to work: cross-node bus bandwidth is the NICs'
+together (about 8 x 48 GB/s), not one NIC's. A group with one GPU per node (a strided
+data-parallel group) can use only its own NIC, whatever the channels.
+
+Calibration: all_reduce of 1 GiB (busbw as nccl-tests reports it) on H100 nodes with one
+NDR 400 Gb/s NIC per GPU, published beside this model (``Topology.h100()``, 8 channels;
+``python -m benchmarks.calibration`` prints the model's column):
+
+===========================  ==========================  ========  ==================================
+configuration                published busbw             model     source
+===========================  ==========================  ========  ==================================
+1 node x 8, ring             369 GB/s (NVLS off)         368 GB/s  NVIDIA/nccl-tests#309; ~370 in #212
+1 node x 8, NVLS (default)   ~476-480 GB/s               (ring)    NVIDIA/nccl-tests#290, #212
+2 nodes x 8, ring            8 NICs x 46-48 = 368-384    373 GB/s  NVIDIA/nccl-tests#290 (per-NIC figure)
+4 nodes x 8                  ~320 GB/s (RoCE)            363 GB/s  NVIDIA/nccl#1221
+248 nodes x 8 (H200)         ~350 GB/s                   n/a       NVIDIA/nccl-tests#283
+===========================  ==========================  ========  ==================================
+
+The emulator models rings and trees, not NVLink SHARP (NVLS), which reduces inside the
+NVSwitch and lets a one-node all-reduce exceed the ring's 370 GB/s.
+
+Other figures: NVLink 4 is 18 links x 25 GB/s = 450 GB/s per direction per GPU (NVIDIA H100
+datasheet); NCCL's protocol overhead leaves about 370 GB/s (S. Jeaugey in
+NVIDIA/nccl-tests#212). NDR InfiniBand is 400 Gb/s = 50 GB/s per direction per NIC
+(ConnectX-7); NCCL reaches 46-48 GB/s per NIC (NVIDIA/nccl-tests#290). Latency of a few
+microseconds per hop is what nccl-tests shows for small messages. Peak dense bf16 of an
+H100/H200 SXM: 989 TFLOP/s (datasheet, without sparsity).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from .errors import ConfigError
 
 
 @dataclass(frozen=True)
 class Link:
-    """One kind of link: ``alpha`` seconds of latency, ``beta`` bytes per second."""
+    """One kind of link: ``alpha`` seconds of latency, ``beta`` bytes per second achieved
+    per direction, ``line_rate`` the datasheet's bytes per second per direction."""
 
     name: str
     alpha: float
     beta: float
+    line_rate: float = None
 
     def __post_init__(self):
         if not (self.alpha >= 0 and self.beta > 0):
-            raise ValueError(
-                f"Link {self.name!r}: need alpha >= 0 seconds and beta > 0 bytes/s, "
-                f"got alpha={self.alpha}, beta={self.beta}"
-            )
+            raise ConfigError(f"Link {self.name!r}: need alpha >= 0 seconds and beta > 0 bytes/s, "
+                              f"got alpha={self.alpha}, beta={self.beta}")
+        if self.line_rate is None:
+            object.__setattr__(self, "line_rate", self.beta)
 
     def time(self, nbytes):
         """Seconds to send ``nbytes`` over this link in one message."""
         return self.alpha + nbytes / self.beta
 
 
-NVLINK_H100 = Link("NVLink 4 (H100/H200, achieved)", alpha=2e-6, beta=370e9)
-NVLINK_H100_LINE_RATE = Link("NVLink 4 (H100/H200, line rate)", alpha=2e-6, beta=450e9)
-INFINIBAND_NDR = Link("InfiniBand NDR (400 Gb/s per GPU)", alpha=5e-6, beta=50e9)
+NVLINK_H100 = Link("NVLink 4 (H100/H200 SXM)", alpha=2e-6, beta=370e9, line_rate=450e9)
+INFINIBAND_NDR = Link("InfiniBand NDR 400 Gb/s (ConnectX-7)", alpha=5e-6, beta=48e9, line_rate=50e9)
 H100_BF16_FLOPS = 989e12
 
 
 @dataclass(frozen=True)
 class Topology:
-    """``gpus_per_node`` GPUs per node, one link inside a node, another between nodes.
-
-    ``flops`` is one device's peak (used by ``comm.compute(flops=...)``).
-    """
+    """``gpus_per_node`` GPUs per node on ``nvlink``; ``nics_per_node`` NICs of kind
+    ``nic`` per node (default: one per GPU); ring collectives use ``channels`` channels
+    (default: one per NIC). ``flops`` is one device's peak (``comm.compute(flops=...)``)."""
 
     gpus_per_node: int = 8
-    intra: Link = NVLINK_H100
-    inter: Link = INFINIBAND_NDR
+    nvlink: Link = NVLINK_H100
+    nic: Link = INFINIBAND_NDR
+    nics_per_node: int = None
+    channels: int = None
     flops: float = H100_BF16_FLOPS
+    name: str = field(default="H100 nodes", compare=False)
 
     def __post_init__(self):
-        if not (isinstance(self.gpus_per_node, int) and self.gpus_per_node >= 1):
-            raise ValueError(
-                f"Topology: gpus_per_node must be a positive int, got {self.gpus_per_node!r}"
-            )
+        g = self.gpus_per_node
+        if not (isinstance(g, (int, np.integer)) and g >= 1):
+            raise ConfigError(f"Topology: gpus_per_node must be a positive int, got {g!r}")
+        nics = g if self.nics_per_node is None else self.nics_per_node
+        if not (isinstance(nics, (int, np.integer)) and 1 <= nics <= g and g % nics == 0):
+            raise ConfigError(f"Topology: nics_per_node must divide gpus_per_node ({g}), got {nics!r}")
+        object.__setattr__(self, "nics_per_node", int(nics))
+        channels = nics if self.channels is None else self.channels
+        if not (isinstance(channels, (int, np.integer)) and channels >= 1):
+            raise ConfigError(f"Topology: channels must be a positive int, got {channels!r}")
+        object.__setattr__(self, "channels", int(channels))
         if not self.flops > 0:
-            raise ValueError(f"Topology: flops must be positive, got {self.flops!r}")
+            raise ConfigError(f"Topology: flops must be positive, got {self.flops!r}")
+
+    # ----------------------------------------------------------------- presets
+    @classmethod
+    def h100(cls, gpus_per_node=8, **changes):
+        """DGX/HGX H100: 8 H100 SXM on NVLink 4 (NVSwitch), one ConnectX-7 NDR 400 Gb/s
+        NIC per GPU (NVIDIA DGX H100 user guide), 989 TFLOP/s bf16 each. The default."""
+        return cls(gpus_per_node, NVLINK_H100, INFINIBAND_NDR, name="H100 nodes", **changes)
 
     @classmethod
-    def h100_cluster(cls, gpus_per_node=8):
-        """H100/H200 HGX nodes on NVLink 4, joined by InfiniBand NDR (the default)."""
-        return cls(gpus_per_node, NVLINK_H100, INFINIBAND_NDR, H100_BF16_FLOPS)
+    def h200(cls, gpus_per_node=8, **changes):
+        """HGX H200: the H100's compute and NVLink 4 with more, faster HBM; the same
+        NDR 400 Gb/s NIC per GPU, so the same collectives."""
+        return cls(gpus_per_node, NVLINK_H100, INFINIBAND_NDR, name="H200 nodes", **changes)
 
+    h100_cluster = h100
+
+    # ----------------------------------------------------------------- where things are
     def node(self, rank):
         return rank // self.gpus_per_node
 
+    def nic_of(self, rank):
+        """The global index of the NIC rank ``rank`` sends through."""
+        local = rank % self.gpus_per_node
+        return self.node(rank) * self.nics_per_node + local // (self.gpus_per_node // self.nics_per_node)
+
     def link(self, src, dst):
         """The link a message from global rank ``src`` to ``dst`` travels on."""
-        return self.intra if self.node(src) == self.node(dst) else self.inter
+        return self.nvlink if self.node(src) == self.node(dst) else self.nic
+
+    def rings(self, ranks, channels):
+        """The rings of a ring collective over the group ``ranks`` (global ranks, in group
+        order) with ``channels`` channels: a tuple of ``(order, first, stop)``, where
+        ``order`` lists group-local ranks in ring order and channels ``first..stop-1`` use
+        it (cached, so a tuple of ints). Nodes are visited in order; within each node the group's GPUs in rank order,
+        rotated by the channel's offset, so that each channel leaves a node from a
+        different GPU (rail-aligned)."""
+        return _rings(self.gpus_per_node, tuple(int(r) for r in ranks), int(channels))
+
+
+@lru_cache(maxsize=1024)
+def _rings(gpus_per_node, ranks, channels):
+    by_node = {}
+    for i in sorted(range(len(ranks)), key=lambda i: ranks[i]):
+        by_node.setdefault(ranks[i] // gpus_per_node, []).append(i)
+    per_node = list(by_node.values())
+    widest = max(len(p) for p in per_node)
+    distinct = 1 if len(per_node) == 1 else min(channels, widest)
+    out = []
+    for rot in range(distinct):
+        order = tuple(i for p in per_node for i in p[rot % len(p):] + p[:rot % len(p)])
+        first, stop = rot * channels // distinct, (rot + 1) * channels // distinct
+        out.append((order, first, stop))
+    return tuple(out)

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from emulator import (CollectiveMismatchError, DeadlockError, EmulatorError, GroupError, MeshError,
-                      PeerError, RankError, ShapeError, World)
+from emulator import (CollectiveMismatchError, ConfigError, DeadlockError, EmulatorError, GroupError, MeshError,
+                      P2POp, PeerError, RankError, ShapeError, World)
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -55,7 +55,8 @@ def test_recv_without_send(within):
         if comm.rank == 0:
             comm.recv(1)
 
-    run_fails(World(2), prog, DeadlockError, within, "rank 0 waits in recv(src=1)", "which has returned")
+    run_fails(World(2), prog, DeadlockError, within, "rank 0 waits in recv(src=1)",
+              "rank 1 has not posted the matching send and has returned")
 
 
 def test_cyclic_recv_deadlock(within):
@@ -116,9 +117,71 @@ def test_mesh_that_does_not_multiply():
         World(mesh={"dp": 0})
 
 
-def test_mean_of_ints_and_unknown_op(within):
-    run_fails(World(2), lambda c: c.all_reduce(np.zeros(2, int), op="mean"), ShapeError, within, "floating dtype")
-    run_fails(World(2), lambda c: c.all_reduce(np.zeros(2), op="prod"), EmulatorError, within, "unknown reduce op")
+def test_avg_of_ints_and_unknown_op(within):
+    run_fails(World(2), lambda c: c.all_reduce(np.zeros(2, int), op="avg"), ShapeError, within, "floating dtype")
+    run_fails(World(2), lambda c: c.all_reduce(np.zeros(2), op="prod"), ConfigError, within, "unknown reduce op",
+              "'sum', 'avg', 'max', 'min', 'product'")
+    run_fails(World(2), lambda c: c.all_reduce(np.zeros(2), op="mean"), ConfigError, within, "torch calls the mean 'avg'")
+
+
+def test_send_then_recv_ring_deadlocks_as_on_nccl(within):
+    def ring(comm):
+        right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+        comm.send(np.ones(4), right)
+        return comm.recv(left)
+
+    e = run_fails(World(4), ring, DeadlockError, within, "rank 0 waits in send(dst=1) #0 on group world: rank 1 "
+                  "has not posted the matching recv", "rank 3 waits in send(dst=0)", "batch_isend_irecv",
+                  "even ranks send first")
+    assert "returned already: none" in str(e)
+
+    def even_odd(comm):  # the fix without batching: break the cycle
+        right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+        if comm.rank % 2 == 0:
+            comm.send(np.full(4, comm.rank), right)
+            return comm.recv(left)
+        got = comm.recv(left)
+        comm.send(np.full(4, comm.rank), right)
+        return got
+
+    assert [r[0] for r in World(4).run(even_odd)] == [3, 0, 1, 2]
+
+
+def test_recv_buffer_that_does_not_match_the_send(within):
+    def prog(comm):
+        if comm.rank == 0:
+            comm.send(np.ones(4, np.float32), 1)
+        else:
+            comm.recv(np.empty(4, np.float64), 0)
+
+    run_fails(World(2), prog, CollectiveMismatchError, within, "rank 1 posted recv(src=0) #0 with a buffer of shape "
+              "(4,) dtype float64", "rank 0 sends shape (4,) dtype float32")
+
+
+def test_bad_p2p_ops(within):
+    run_fails(World(2), lambda c: P2POp(np.add, np.ones(1), 1), ConfigError, within, "comm.isend or comm.irecv")
+    run_fails(World(2), lambda c: c.batch_isend_irecv([]), ConfigError, within, "non-empty list of P2POp")
+
+    def two_groups(comm):
+        other = comm.new_group([0, 1])
+        if comm.rank < 2:
+            comm.batch_isend_irecv([P2POp(comm.isend, np.ones(1), 1 - comm.rank),
+                                    P2POp(other.irecv, np.empty(1), 1 - comm.rank)])
+
+    run_fails(World(4), two_groups, ConfigError, within, "must use one group")
+
+
+def test_uneven_all_to_all_single_that_does_not_add_up(within):
+    def prog(comm):  # rank 1 expects 2 rows from rank 0, which sends it 1
+        x = np.arange(3.0)
+        out = [2, 1] if comm.rank == 1 else None
+        return comm.all_to_all_single(x, out, [2, 1])
+
+    run_fails(World(2), prog, CollectiveMismatchError, within, "rank 1 expects 2 rows from rank 0",
+              "input_split_sizes[1]")
+    run_fails(World(2), lambda c: c.all_to_all_single(np.arange(3.0), None, [1, 1]), ShapeError, within,
+              "add up to 2, but dim 0 of the input is 3")
+    run_fails(World(2), lambda c: c.all_to_all_single(np.arange(3.0)), ShapeError, within, "does not divide")
 
 
 def test_world_stays_usable_after_an_error():

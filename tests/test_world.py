@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from emulator import Topology, World, collectives as C
+from emulator import P2POp, Topology, World, collectives as C
 
 SIZES = [1, 2, 3, 4, 8]
 
@@ -47,10 +47,13 @@ def test_all_to_all_and_point_to_point(n):
         got = comm.all_to_all(sent)
         if comm.size > 1:  # a ring of messages, two per pair, received in order
             nxt, prv = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
-            comm.send(np.array([comm.rank, 0]), nxt)
-            comm.send(np.array([comm.rank, 1]), nxt)
-            first, second = comm.recv(prv), comm.recv(prv)
-            assert first.tolist() == [prv, 0] and second.tolist() == [prv, 1]
+            buf = np.empty(2, dtype=int)
+            handles = comm.batch_isend_irecv([P2POp(comm.isend, np.array([comm.rank, 0]), nxt),
+                                              P2POp(comm.isend, np.array([comm.rank, 1]), nxt),
+                                              P2POp(comm.irecv, np.empty(2, dtype=int), prv), P2POp(comm.irecv, buf, prv)])
+            first, second = handles[2].wait(), handles[3].wait()
+            assert handles[0].wait() is None and handles[1].is_completed()
+            assert first.tolist() == [prv, 0] and second.tolist() == [prv, 1] and second is buf
         return got
 
     res = World(n).run(prog)
@@ -148,19 +151,19 @@ def test_async_overlaps_communication_with_compute():
     t_sync = max(w.stats().time)
     w.run(overlapped)
     t_async = max(w.stats().time)
-    comm_time = 2 * 7 / 8 * x.nbytes / w.topology.intra.beta
+    comm_time = 2 * 7 / 8 * x.nbytes / w.topology.nvlink.beta
     assert t_sync == pytest.approx(1e-3 + comm_time, rel=0.05)
     assert t_async == pytest.approx(max(1e-3, comm_time), rel=0.05)
 
 
-def test_async_send_runs_behind_compute():
+def test_isend_runs_behind_compute():
     def prog(comm):
         if comm.rank == 0:
-            h = comm.send(np.ones(2**20), 1, async_op=True)
+            h = comm.isend(np.ones(2**20), 1)
             comm.compute(seconds=1e-2)
             h.wait()
         else:
-            return comm.recv(0, async_op=True).wait()
+            return comm.irecv(0).wait()
 
     w = World(2)
     res = w.run(prog)
@@ -169,17 +172,24 @@ def test_async_send_runs_behind_compute():
     assert w.stats().time[1] < 1e-3
 
 
-def test_crossing_nodes_pays_the_slow_link():
+def test_crossing_nodes_pays_the_slow_link_and_channels_share_it_out():
     x = np.ones(2**22, np.float32)
-    one_node = World(8, topology=Topology(gpus_per_node=8))
-    two_nodes = World(8, topology=Topology(gpus_per_node=4))
-    for w in (one_node, two_nodes):
-        w.run(lambda comm: comm.all_reduce(x))
-    t1, t2 = max(one_node.stats().time), max(two_nodes.stats().time)
-    ideal = 2 * 7 / 8 * x.nbytes
-    assert t1 == pytest.approx(ideal / Topology().intra.beta + 14 * Topology().intra.alpha, rel=1e-6)
-    # every ring step waits for its slowest message, the one between nodes
-    assert t2 == pytest.approx(ideal / Topology().inter.beta + 14 * Topology().inter.alpha, rel=1e-6)
+    nvl, nic = Topology().nvlink, Topology().nic
+    times = {}
+    for per_node, channels in ((8, None), (4, 1), (4, None)):
+        w = World(8, topology=Topology(gpus_per_node=per_node))
+        w.run(lambda comm: comm.all_reduce(x, channels=channels))
+        times[per_node, channels] = max(w.stats().time)
+        if per_node == 4:  # the NIC bytes in the trace: every crossing piece, and only those
+            crossing = sum(r.nbytes for r in w.trace if r.link == "nic")
+            assert crossing == sum(w.stats().bytes_sent_by_link["nic"]) > 0
+            assert all((r.src // 4 != r.dst // 4) == (r.link == "nic") for r in w.trace)
+    piece = x.nbytes / 8  # per rank chunk
+    assert times[8, None] == pytest.approx(14 * (nvl.alpha + piece / nvl.beta), rel=1e-6)
+    # one channel: every ring step waits for its slowest message, the one between nodes
+    assert times[4, 1] == pytest.approx(14 * (nic.alpha + piece / nic.beta), rel=1e-6)
+    # four channels (one per NIC): each crossing GPU's NIC carries a quarter of the chunk
+    assert times[4, None] == pytest.approx(14 * (nic.alpha + piece / 4 / nic.beta), rel=1e-6)
 
 
 def test_barrier_synchronises_clocks():

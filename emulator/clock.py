@@ -1,0 +1,95 @@
+"""Simulated time of one run: every rank's streams, the links' bookings, what happened when.
+
+Each rank has a **compute stream** (its clock: ``comm.compute`` advances it) and one
+**communication stream per group** it uses, as ``ProcessGroupNCCL`` has: collectives on a
+group run on that group's stream in the order they were issued, and point-to-point
+transfers run on a stream per pair of ranks and direction (torch creates a communicator,
+and a stream, per pair for send/recv; NCCL progresses a send and a receive between two
+ranks at once when they are grouped, as ``batch_isend_irecv`` does). An operation starts when every rank taking part is ready (it
+has issued it and its stream is free) and every port it needs is free
+(:mod:`emulator.links`). ``handle.wait()`` joins a stream into the compute stream: the
+rank's clock moves to the operation's end, and the gap shows as idle.
+
+Times are simulated seconds, never wall time.
+"""
+
+from .links import PortBook, pattern_of, port_count
+from .trace import Batch
+
+
+def collective_stream(label):
+    return f"comm {label}"
+
+
+def p2p_stream(src, dst):
+    return f"p2p {src}->{dst}"
+
+
+class Clock:
+    """The streams, port bookings, trace batches and timeline events of one run."""
+
+    def __init__(self, n, topology, patterns):
+        self.n, self.topology = n, topology
+        self.compute = [0.0] * n
+        self.streams = {}  # (rank, stream name) -> when that stream is free
+        self.events = []  # (rank, stream, kind, name, start, end, group)
+        self.batches = []
+        self.ports = PortBook(port_count(n, topology))
+        self._patterns = patterns  # timing of fixed message patterns, kept across runs
+
+    def free(self, rank, stream):
+        """When ``stream`` of ``rank`` has finished what was issued on it so far."""
+        return self.streams.get((rank, stream), 0.0)
+
+    def event(self, rank, stream, kind, name, start, end, group=None):
+        if end > start:
+            self.events.append((rank, stream, kind, name, start, end, group))
+
+    def advance(self, rank, seconds, name):
+        """Compute on ``rank`` for ``seconds``."""
+        t = self.compute[rank]
+        self.event(rank, "compute", "compute", name, t, t + seconds)
+        self.compute[rank] = t + seconds
+
+    def join(self, rank, end, what):
+        """``rank`` waits for an operation that ends at ``end``."""
+        t = self.compute[rank]
+        if end > t:
+            self.event(rank, "compute", "idle", f"wait {what}", t, end)
+            self.compute[rank] = end
+
+    def charge(self, op, label, steps, ranks, t0, streams, names):
+        """Place an operation whose ``steps`` (Messages, group-local ranks) run on the
+        group ``ranks``, not before ``t0``: book its ports, record its messages, put it on
+        each rank's stream (``streams[i]`` for ``ranks[i]``, event named ``names[i]``).
+        Returns its (start, end)."""
+        pattern = self._pattern(steps, ranks) if steps else None
+        duration = pattern.total if pattern else 0.0
+        start = self.ports.place(pattern.ports, duration, t0) if pattern else t0
+        end = start + duration
+        if pattern is not None and len(pattern.src):
+            self.ports.book(pattern.ports, start, end)
+            self.batches.append(Batch(op, label, pattern.step, pattern.src, pattern.dst, pattern.nbytes,
+                                      pattern.channel, pattern.nic, start + pattern.start, start + pattern.end))
+        if end > start:
+            self.events.extend([(r, s, "comm", name, start, end, label) for r, s, name in zip(ranks, streams, names)])
+        self.streams.update({(r, s): end for r, s in zip(ranks, streams)})
+        return start, end
+
+    def _pattern(self, steps, ranks):
+        # a fixed pattern (a cached tuple of Messages) is timed once per group; the cache
+        # keeps the tuple itself, so its id cannot be reused by another pattern
+        if not isinstance(steps, tuple):
+            return pattern_of(steps, ranks, self.n, self.topology)
+        key = (ranks, id(steps))
+        hit = self._patterns.get(key)
+        if hit is None or hit[0] is not steps:
+            hit = self._patterns[key] = (steps, pattern_of(steps, ranks, self.n, self.topology))
+        return hit[1]
+
+    def final(self):
+        """Per rank, when its last stream finishes."""
+        out = list(self.compute)
+        for (r, _), t in self.streams.items():
+            out[r] = max(out[r], t)
+        return out

@@ -1,0 +1,45 @@
+"""What ranks wait on: a collective's rendezvous, and the handle an async call returns."""
+
+
+class Rendezvous:
+    """One collective call of a group, filled in as members arrive. The last member to
+    arrive runs it; every member's handle then reads its result."""
+
+    __slots__ = ("op", "sig", "first", "inputs", "ready", "done", "results", "end", "ranks", "label", "seq")
+
+    def __init__(self, op, sig, first, ranks, label, seq):
+        self.op, self.sig, self.first, self.ranks, self.label, self.seq = op, sig, first, ranks, label, seq
+        self.inputs, self.ready = {}, {}
+        self.done, self.results, self.end = False, None, 0.0
+
+    def result(self, rank):
+        return self.results[self.ranks.index(rank)]
+
+    def describe(self):
+        missing = [r for r in self.ranks if r not in self.ready]
+        return (f"waits in {self.op} #{self.seq} on group {self.label} (ranks {list(self.ranks)}); "
+                f"arrived: {sorted(self.ready)}, missing: {missing}")
+
+
+class Handle:
+    """What an async call returns (``async_op=True``, ``isend``, ``irecv``, each entry of
+    ``batch_isend_irecv``). ``wait()`` blocks this rank until the operation is done, moves
+    its compute clock to the operation's end (the stream joins the compute stream), and
+    returns the result: the collective's output, or the received array."""
+
+    def __init__(self, world, rank, work):
+        self._world, self._rank, self._work = world, rank, work
+        self._result, self._waited = None, False
+
+    def is_completed(self):
+        return self._work.done
+
+    def wait(self):
+        w, r, work = self._world, self._rank, self._work
+        if not self._waited:
+            while not work.done:
+                w._block(r, work.describe)
+            self._result = work.result(r)
+            self._waited = True
+        w.clock.join(r, work.end, work.op)
+        return self._result
