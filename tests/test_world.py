@@ -200,3 +200,54 @@ def test_barrier_synchronises_clocks():
 
     res = World(4).run(prog)
     assert len(set(res)) == 1 and res[0] >= 3e-3
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_all_to_all_single_with_uneven_splits(n):
+    def splits(r):  # rank r sends 1 + (r + i) % 3 rows to rank i
+        return [1 + (r + i) % 3 for i in range(n)]
+
+    def prog(comm):
+        r = comm.rank
+        x = np.concatenate([np.full((s, 2), 100 * r + i) for i, s in enumerate(splits(r))])
+        out_sizes = [splits(i)[r] for i in range(n)]
+        return comm.all_to_all_single(x, out_sizes, splits(r)), comm.all_to_all_single(x, None, splits(r))
+
+    w = World(n)
+    res = w.run(prog)
+    for r in range(n):
+        want = np.concatenate([np.full((splits(i)[r], 2), 100 * i + r) for i in range(n)])
+        assert np.array_equal(res[r][0], want) and np.array_equal(res[r][1], want)
+    rows_sent = sum(sum(splits(r)) - splits(r)[r] for r in range(n))
+    assert w.stats().bytes_by_op.get("all_to_all_single", 0) == 2 * rows_sent * 2 * 8
+
+
+@pytest.mark.parametrize("op,ref", [("avg", np.mean), ("product", np.prod), ("min", np.min)])
+def test_reduce_ops_as_torch_names_them(op, ref):
+    xs = inputs(4, (8,), seed=3)
+
+    def prog(comm):
+        return comm.all_reduce(xs[comm.rank], op=op), comm.reduce_scatter(xs[comm.rank], op=op)
+
+    res = World(4).run(prog)
+    assert np.allclose(res[2][0], ref(xs, axis=0)) and np.allclose(res[2][1], ref(xs, axis=0)[4:6])
+    from emulator import ReduceOp
+
+    assert ReduceOp.PRODUCT == "product" and ReduceOp.AVG == "avg"
+
+
+def test_world_records_every_call_in_order():
+    def prog(comm):
+        dp = comm.group("dp")
+        dp.all_reduce(np.ones(4, np.float32))
+        comm.group("tp").all_gather(np.ones(2))
+        if comm.coord("tp") == 0:
+            comm.group("tp").send(np.ones(3, np.int8), 1)
+        else:
+            comm.group("tp").recv(0)
+
+    w = World(mesh={"dp": 2, "tp": 2})
+    w.run(prog)
+    assert [c.as_list() for c in w.calls[1]] == [["all_reduce", "dp", 16, None], ["all_gather", "tp", 16, None],
+                                                 ["recv", "tp", 3, 0]]
+    assert [c.as_list() for c in w.calls[2]][-1] == ["send", "tp", 3, 3]

@@ -1,16 +1,18 @@
-"""Napkin accounting of training memory, in the course's formulas.
+"""Training memory per GPU for parameters, gradients and optimizer state, by ZeRO stage.
 
 ``zero_bytes_per_gpu`` is the ZeRO paper's table: bf16 parameters and gradients (2 bytes
 each per parameter) and K bytes of optimizer state per parameter (K = 12 for
 mixed-precision Adam: fp32 master weights and two fp32 moments), on N_d data-parallel GPUs:
 
-=========  =================================
-stage 0    (2 + 2 + K) Psi           (plain data parallelism: everything replicated)
-stage 1    2 Psi + 2 Psi + K Psi / N_d (optimizer state sharded)
-stage 2    2 Psi + (2 + K) Psi / N_d   (gradients sharded too)
-stage 3    (2 + 2 + K) Psi / N_d       (parameters sharded too: FSDP)
-=========  =================================
+============  =================================
+zero_stage 0  (2 + 2 + K) Psi           (plain data parallelism: everything replicated)
+zero_stage 1  2 Psi + 2 Psi + K Psi / N_d (optimizer state sharded)
+zero_stage 2  2 Psi + (2 + K) Psi / N_d   (gradients sharded too)
+zero_stage 3  (2 + 2 + K) Psi / N_d       (parameters sharded too: FSDP)
+============  =================================
 """
+
+from ..errors import ConfigError
 
 GB = 1e9
 
@@ -41,32 +43,25 @@ class ZeroBytes(float):
                 f"grads {self.grads / GB:.4g}, optimizer {self.optimizer / GB:.4g})")
 
 
-def zero_bytes_per_gpu(n_params, dp_size, stage, optimizer_bytes_per_param=12, param_bytes=2, grad_bytes=2):
+def check_zero_stage(zero_stage):
+    if zero_stage not in (0, 1, 2, 3):
+        raise ConfigError(f"zero_stage must be 0 (plain data parallel), 1, 2 or 3 (ZeRO), got {zero_stage!r}")
+
+
+def zero_bytes_per_gpu(n_params, dp_size, zero_stage, optimizer_bytes_per_param=12, param_bytes=2, grad_bytes=2):
     """Bytes of parameters, gradients and optimizer state on each of ``dp_size`` GPUs.
 
-    ``stage`` 0 is plain data parallelism; 1, 2, 3 are the ZeRO stages. Returns a float
+    ``zero_stage`` 0 is plain data parallelism; 1, 2, 3 are the ZeRO stages. Returns a float
     (the total) that also carries ``.params``, ``.grads`` and ``.optimizer``. The defaults
     are mixed-precision Adam (2 + 2 + 12 bytes); plain fp32 Adam is
     ``param_bytes=4, grad_bytes=4, optimizer_bytes_per_param=8``."""
     if not n_params > 0:
-        raise ValueError(f"n_params must be positive, got {n_params!r}")
+        raise ConfigError(f"n_params must be positive, got {n_params!r}")
     if not (isinstance(dp_size, int) and dp_size >= 1):
-        raise ValueError(f"dp_size must be a positive number of GPUs, got {dp_size!r}")
-    if stage not in (0, 1, 2, 3):
-        raise ValueError(f"stage must be 0 (plain data parallel), 1, 2 or 3 (ZeRO), got {stage!r}")
+        raise ConfigError(f"dp_size must be a positive number of GPUs, got {dp_size!r}")
+    check_zero_stage(zero_stage)
     if not optimizer_bytes_per_param >= 0:
-        raise ValueError(f"optimizer_bytes_per_param must be >= 0, got {optimizer_bytes_per_param!r}")
+        raise ConfigError(f"optimizer_bytes_per_param must be >= 0, got {optimizer_bytes_per_param!r}")
     p, g, k = float(param_bytes) * n_params, float(grad_bytes) * n_params, float(optimizer_bytes_per_param) * n_params
-    n = dp_size
-    return ZeroBytes(p / n if stage >= 3 else p, g / n if stage >= 2 else g, k / n if stage >= 1 else k)
-
-
-def zero_traffic_per_gpu(n_params, dp_size, stage, bytes_per_param=2):
-    """Bytes each GPU sends per step: 2(n-1)/n x the parameter bytes for stages 0-2 (one
-    all-reduce, or reduce-scatter + all-gather), 3(n-1)/n x for stage 3 (an all-gather in
-    forward, another in backward, a reduce-scatter)."""
-    if stage not in (0, 1, 2, 3):
-        raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
-    n = dp_size
-    copies = 3 if stage == 3 else 2
-    return copies * (n - 1) / n * bytes_per_param * n_params
+    n, z = dp_size, zero_stage
+    return ZeroBytes(p / n if z >= 3 else p, g / n if z >= 2 else g, k / n if z >= 1 else k)

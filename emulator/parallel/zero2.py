@@ -1,0 +1,45 @@
+"""ZeRO-2: gradients are sharded too (Rajbhandari et al., "ZeRO", SC 2020).
+
+No rank keeps the full gradient: as soon as backward produces a layer's gradient it is
+reduce-scattered, the rank keeps the summed gradient of its own slice, and the full copy
+is freed. ``step`` updates each slice and all-gathers the parameters. The same bytes as
+DDP; with several micro-batches, though, the reduce-scatter runs for every micro-batch
+(a full gradient cannot wait for the last one: there is nowhere to keep it).
+"""
+
+from .base import DataParallelStrategy
+
+
+class ZeRO2(DataParallelStrategy):
+    zero_stage = 2
+
+    def __init__(self, comm, model, params, opt):
+        super().__init__(comm, model, params, opt)
+        self.hold_full_params()
+        self.state = self.sharded_optimizer({name: self.my_slice(name, self.layouts[name].flatten(self.full[name]))
+                                             for name in self.names})
+        self.grad_shards = {}
+
+    def grads_ready(self, name, grads, last):
+        flat = self.layouts[name].flatten(grads)
+        self.memory.hold(f"fullgrad:{name}", flat, "buffers")
+        mine = self.comm.reduce_scatter(flat) / self.comm.size
+        self.memory.release(f"fullgrad:{name}")
+        if name in self.grad_shards:  # accumulating over micro-batches
+            self.grad_shards[name] += mine
+            return
+        self.grad_shards[name] = mine
+        self.memory.hold(f"grads:{name}", mine, "grads")
+
+    def step(self):
+        for name in self.names:
+            lay = self.layouts[name]
+            mine = self.my_slice(name, lay.flatten(self.full[name]))
+            new, self.state[name] = self.opt.step({"flat": mine}, {"flat": self.grad_shards.pop(name)},
+                                                  self.state[name])
+            self.memory.release(f"grads:{name}")
+            self.full[name] = lay.unflatten(self.comm.all_gather(new["flat"]))
+        self.hold_full_params()
+
+    def shards(self):
+        return {name: self.my_slice(name, self.layouts[name].flatten(self.full[name])) for name in self.names}

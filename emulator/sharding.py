@@ -1,0 +1,55 @@
+"""The flat layout of a layer's parameters: how ZeRO and FSDP cut a layer into shards.
+
+A layer's parameters (a dict of arrays) are laid end to end in sorted name order as one
+flat vector of ``size`` elements, padded with zeros to ``padded``, a multiple of the
+group size n, so that rank r owns the r-th of n equal slices. Padding is why a layer of
+1001 parameters on 4 ranks moves 1004 elements: 251 per rank.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .nn.module import sub
+
+
+@dataclass
+class FlatLayout:
+    """A layer's parameters as one flat vector of ``padded`` elements (a multiple of n)."""
+
+    names: list
+    shapes: list
+    offsets: list
+    size: int
+    padded: int
+
+    @classmethod
+    def of(cls, params, n):
+        names = sorted(params)
+        shapes = [params[k].shape for k in names]
+        sizes = [int(np.prod(s)) for s in shapes]
+        offsets = [int(o) for o in np.cumsum([0] + sizes[:-1])]
+        size = sum(sizes)
+        return cls(names, shapes, offsets, size, -(-size // n) * n)
+
+    def flatten(self, params, dtype=None):
+        dtype = dtype or params[self.names[0]].dtype
+        flat = np.zeros(self.padded, dtype)
+        for k, off, shape in zip(self.names, self.offsets, self.shapes):
+            flat[off:off + int(np.prod(shape))] = params[k].reshape(-1)
+        return flat
+
+    def unflatten(self, flat):
+        """The dict of tensors, as views of ``flat`` (the padding dropped)."""
+        return {k: flat[off:off + int(np.prod(shape))].reshape(shape)
+                for k, off, shape in zip(self.names, self.offsets, self.shapes)}
+
+    def shard(self, flat, rank, n):
+        """Rank ``rank``'s slice of ``flat`` (a copy)."""
+        s = self.padded // n
+        return flat[rank * s:(rank + 1) * s].copy()
+
+
+def layouts(model, params, n):
+    """A :class:`FlatLayout` per layer of ``model.layers``, padded for n ranks."""
+    return {name: FlatLayout.of(sub(params, name), n) for name, _ in model.layers}
