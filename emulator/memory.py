@@ -13,15 +13,23 @@ from .errors import MemoryLedgerError
 KINDS = ("params", "grads", "optimizer", "activations", "buffers")
 
 
-def nbytes_of(obj, top=True):
+def nbytes_of(obj, top=True, seen=None):
     """Bytes of an array, of every array inside a dict/list/tuple (other entries, such as
-    a step counter, count nothing), or a plain byte count."""
+    a step counter, count nothing), or a plain byte count. An array that appears twice
+    (the same memory under two names) counts once."""
+    seen = set() if seen is None else seen
     if isinstance(obj, dict):
-        return sum(nbytes_of(v, False) for v in obj.values())
+        return sum(nbytes_of(v, False, seen) for v in obj.values())
     if isinstance(obj, (list, tuple)):
-        return sum(nbytes_of(v, False) for v in obj)
+        return sum(nbytes_of(v, False, seen) for v in obj)
     if isinstance(obj, (int, np.integer)):
         return int(obj) if top else 0
+    if isinstance(obj, np.ndarray):
+        key = (obj.__array_interface__["data"][0], obj.nbytes)
+        if key in seen:
+            return 0
+        seen.add(key)
+        return int(obj.nbytes)
     if hasattr(obj, "nbytes"):
         return int(obj.nbytes)
     if not top:

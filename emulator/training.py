@@ -19,7 +19,8 @@ A layer's activations (every array its forward cached for backward) are held in 
 rank's ledger, kind ``activations``, from its forward to its backward. With
 ``recompute=True`` only each layer's input is kept, and backward runs the layer's forward
 again first (activation recomputation: memory for compute). Compute is charged on the
-simulated clock: 2 FLOPs per parameter per token forward, 4 backward.
+simulated clock from each layer's FLOPs (``layer.flops``: its matrix multiplications,
+attention's s^2 term included).
 
 ``train_single`` is the reference every parallel run must match: one device, the whole
 global batch. ``synthetic_batches`` makes a task a small GPT learns in a few steps.
@@ -68,21 +69,17 @@ def _micro(x, y, m):
     return [(x[i * b:(i + 1) * b], y[i * b:(i + 1) * b]) for i in range(m)]
 
 
-def _params_count(p):
-    return sum(v.size for v in p.values())
-
-
 def forward_backward(comm, model, strategy, x, y, dloss=1.0, last=True, recompute=False):
     """One micro-batch through every layer and back. Returns its loss."""
-    tokens = np.asarray(x).size
     mem = comm.memory
     names = [n for n, _ in model.layers]
-    caches, inputs, h = {}, {}, x
+    caches, inputs, flops, h = {}, {}, {}, x
     for i, (name, layer) in enumerate(model.layers):
         p = strategy.params_for_forward(name, names[i + 1] if i + 1 < len(names) else None)
         inputs[name] = h
+        flops[name] = layer.flops(np.shape(h))
         h, caches[name] = layer.forward(upcast(p), h)
-        comm.compute(flops=2 * _params_count(p) * tokens, name=f"F {name}")
+        comm.compute(flops=flops[name]["forward"], name=f"F {name}")
         strategy.after_forward(name)
         if recompute:
             caches[name] = None
@@ -97,12 +94,12 @@ def forward_backward(comm, model, strategy, x, y, dloss=1.0, last=True, recomput
         up = upcast(p)
         if recompute:
             _, caches[name] = layer.forward(up, inputs[name])
-            comm.compute(flops=2 * _params_count(p) * tokens, name=f"F' {name}")
+            comm.compute(flops=flops[name]["forward"], name=f"F' {name}")
         dx = layer.backward_input(up, caches[name], dy)
         grads = layer.backward_weight(up, caches[name], dy)
-        comm.compute(flops=4 * _params_count(p) * tokens, name=f"B {name}")
+        comm.compute(flops=flops[name]["backward_input"] + flops[name]["backward_weight"], name=f"B {name}")
         mem.release(f"act:{name}")
-        del caches[name], inputs[name]
+        del caches[name], inputs[name], flops[name]
         strategy.grads_ready(name, {k: g.astype(p[k].dtype) for k, g in grads.items()}, last)
         dy = dx
     return loss

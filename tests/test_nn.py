@@ -152,3 +152,62 @@ def test_shapes_that_do_not_fit():
     gpt = nn.GPT(V, D, H, FF, 1, max_seq=4)
     with pytest.raises(ValueError, match="exceeds max_seq 4"):
         gpt.forward(gpt.init(np.random.default_rng(0)), np.zeros((1, 5), int))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_core_on_blocks_equals_full_attention(causal):
+    """Split queries and keys into blocks at their sequence positions: the core on each
+    (query block, all keys) gives the rows of full attention; gradients too."""
+    core = nn.AttentionCore(causal)
+    q, k, v = (RNG.standard_normal((B, H, 6, 4)) for _ in range(3))
+    o, cache = core.forward({}, (q, k, v))
+    do = RNG.standard_normal(o.shape)
+    dq, dk, dv = core.backward_input({}, cache, do)
+    tq, tk, tv = t(q), t(k), t(v)
+    to = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+    to.backward(torch.tensor(do))
+    assert np.allclose(o, to.detach().numpy()) and np.allclose(dq, tq.grad.numpy())
+    assert np.allclose(dk, tk.grad.numpy()) and np.allclose(dv, tv.grad.numpy())
+    for start in (2, 4):  # the last queries against the keys up to them
+        o_blk, _ = core.forward({}, (q[:, :, start:], k, v), q_start=start)
+        assert np.allclose(o_blk, o[:, :, start:])
+    if causal:
+        with pytest.raises(ValueError, match="see no key"):
+            core.forward({}, (q[:, :, :2], k[:, :, 4:], v[:, :, 4:]), q_start=0, k_start=4)
+
+
+def test_flops_count_the_matmuls_and_the_attention_square():
+    b, s, L = 2, 16, 2
+    gpt = nn.GPT(V, D, H, FF, L, max_seq=s)
+    p = gpt.init(np.random.default_rng(0))
+    dense = sum(v.size for k, v in p.items() if k.endswith(".w") and not k.startswith("embed"))
+    f = gpt.flops((b, s))
+    attention = 4 * b * s * s * D * L  # q k^T and p v, 2 FLOPs per multiply-add
+    assert f["forward"] == 2 * dense * b * s + attention
+    assert f["backward_input"] == 2 * dense * b * s + 2 * attention and f["backward_weight"] == 2 * dense * b * s
+    assert nn.total_flops(f) == 6 * dense * b * s + 3 * attention  # the 6ND rule, plus attention
+    assert nn.LayerNorm(D).flops((b, s, D)) == {"forward": 0, "backward_input": 0, "backward_weight": 0}
+
+
+def test_cache_bytes_name_every_tensor_once():
+    blk = nn.TransformerBlock(D, H, FF, dtype=np.float64)
+    x = x3()
+    _, cache = blk.forward(blk.init(np.random.default_rng(0)), x)
+    got = nn.cache_bytes(cache)
+    act = x.nbytes  # (b, s, d) in float64
+    assert got["attn.core.p"] == B * H * S * S * 8 and got["mlp.act.t"] == act * FF // D
+    assert "attn.k.x" not in got and got["attn.q.x"] == act  # q, k, v share their input: once
+    from emulator.memory import nbytes_of
+
+    assert nbytes_of(cache) == sum(got.values())  # the ledger counts the same way
+
+
+def test_linear_without_bias_params_adds_no_bias():
+    """A row-parallel layer adds its bias once, after the reduce: without "b" none is added."""
+    lin = nn.Linear(D, 3, dtype=np.float64)
+    p = lin.init(np.random.default_rng(0))
+    p["b"] += 1.0
+    x = x3()
+    full, _ = lin.forward(p, x)
+    partial = sum(lin.forward({"w": p["w"][i::2]}, x[..., i::2])[0] for i in range(2))
+    assert np.allclose(partial + p["b"], full)

@@ -5,15 +5,17 @@ See :mod:`emulator.nn.module` for the protocol every layer follows.
 
 from .activations import GELU
 from .adamw import AdamW
-from .attention import Attention, causal_mask, softmax
+from .attention import Attention
+from .attention_core import AttentionCore, causal_mask, softmax
 from .block import TransformerBlock
 from .gpt import GPT, LMHead, TokenPositionEmbedding
 from .layernorm import LayerNorm
 from .linear import Embedding, Linear
 from .loss import cross_entropy, cross_entropy_backward
 from .mlp import MLP
-from .module import Composite, Module, prefixed, sub
+from .module import Composite, Module, add_flops, cache_bytes, prefixed, sub, total_flops
 
-__all__ = ["Module", "Composite", "Linear", "Embedding", "GELU", "LayerNorm", "Attention", "MLP",
-           "TransformerBlock", "GPT", "TokenPositionEmbedding", "LMHead", "cross_entropy",
-           "cross_entropy_backward", "AdamW", "sub", "prefixed", "softmax", "causal_mask"]
+__all__ = ["Module", "Composite", "Linear", "Embedding", "GELU", "LayerNorm", "Attention", "AttentionCore",
+           "MLP", "TransformerBlock", "GPT", "TokenPositionEmbedding", "LMHead", "cross_entropy",
+           "cross_entropy_backward", "AdamW", "sub", "prefixed", "softmax", "causal_mask", "cache_bytes",
+           "add_flops", "total_flops"]

@@ -10,13 +10,15 @@ rounded to bf16. So a parameter costs 2 (param) + 2 (grad) + 4 + 4 + 4 = 16 byte
 """
 
 import numpy as np
+
+from ..errors import ConfigError
 from ml_dtypes import bfloat16
 
 
 class AdamW:
     def __init__(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, mixed_precision=False):
         if lr < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1) or eps <= 0 or weight_decay < 0:
-            raise ValueError(f"AdamW: need lr >= 0, 0 <= betas < 1, eps > 0, weight_decay >= 0; "
+            raise ConfigError(f"AdamW: need lr >= 0, 0 <= betas < 1, eps > 0, weight_decay >= 0; "
                              f"got lr={lr}, betas={betas}, eps={eps}, weight_decay={weight_decay}")
         self.lr, self.betas, self.eps, self.wd = lr, betas, eps, weight_decay
         self.mixed_precision = mixed_precision
@@ -28,7 +30,7 @@ class AdamW:
         if self.mixed_precision:
             for k, v in params.items():
                 if v.dtype != bfloat16:
-                    raise ValueError(f"AdamW(mixed_precision=True): parameter {k!r} is {v.dtype}; "
+                    raise ConfigError(f"AdamW(mixed_precision=True): parameter {k!r} is {v.dtype}; "
                                      f"pass bf16 parameters (ml_dtypes.bfloat16)")
             state["master"] = {k: v.astype(np.float32) for k, v in params.items()}
         return state
@@ -40,7 +42,7 @@ class AdamW:
         """One update. Returns (new params, state); the state's arrays update in place."""
         missing = set(params) - set(grads)
         if missing:
-            raise ValueError(f"AdamW.step: no gradient for {sorted(missing)}")
+            raise ConfigError(f"AdamW.step: no gradient for {sorted(missing)}")
         t = state["t"] + 1
         b1, b2 = self.betas
         c1, c2 = 1 - b1**t, 1 - b2**t

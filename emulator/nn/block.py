@@ -5,15 +5,14 @@ import numpy as np
 from .attention import Attention
 from .layernorm import LayerNorm
 from .mlp import MLP
-from .module import Composite, check_ndim, sub
+from .module import Composite, add_flops, check_heads, check_ndim, sub
 
 
 class TransformerBlock(Composite):
     """h = x + attn(ln1(x)); y = h + mlp(ln2(h)). x, y: (batch, seq, d_model)."""
 
     def __init__(self, d_model, n_heads, d_ff, causal=True, dtype=np.float32):
-        if n_heads < 1 or d_model % n_heads:
-            raise ValueError(f"TransformerBlock: d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        check_heads("TransformerBlock", d_model, n_heads)
         self.d_model, self.dtype = d_model, dtype
         self.ln1, self.attn = LayerNorm(d_model, dtype=dtype), Attention(d_model, n_heads, causal, dtype=dtype)
         self.ln2, self.mlp = LayerNorm(d_model, dtype=dtype), MLP(d_model, d_ff, dtype=dtype)
@@ -40,3 +39,6 @@ class TransformerBlock(Composite):
         da = self.attn.backward_input(sub(params, "attn"), cache["attn"], dh)
         self._remember(cache, "ln1", da)
         return dh + self.ln1.backward_input(sub(params, "ln1"), cache["ln1"], da)
+
+    def flops(self, x_shape):
+        return add_flops(self.attn.flops(x_shape), self.mlp.flops(x_shape))

@@ -7,10 +7,12 @@ contiguous run of them and FSDP can gather them one at a time.
 
 import numpy as np
 
+from ..errors import ConfigError
+
 from .block import TransformerBlock
 from .layernorm import LayerNorm
 from .linear import Embedding, Linear
-from .module import Composite, check_ndim, sub
+from .module import Composite, add_flops, check_heads, check_ndim, sub
 
 
 class TokenPositionEmbedding(Composite):
@@ -27,7 +29,7 @@ class TokenPositionEmbedding(Composite):
         idx = np.asarray(idx)
         check_ndim("GPT", idx, 2, "of token ids (batch, seq)")
         if idx.shape[1] > self.max_seq:
-            raise ValueError(f"GPT: sequence length {idx.shape[1]} exceeds max_seq {self.max_seq}")
+            raise ConfigError(f"GPT: sequence length {idx.shape[1]} exceeds max_seq {self.max_seq}")
         t, ct = self.tok.forward(sub(params, "tok"), idx)
         positions = np.broadcast_to(np.arange(idx.shape[1]), idx.shape)
         p, cp = self.pos.forward(sub(params, "pos"), positions)
@@ -60,6 +62,9 @@ class LMHead(Composite):
         self._remember(cache, "ln", dh)
         return self.ln.backward_input(sub(params, "ln"), cache["ln"], dh)
 
+    def flops(self, x_shape):
+        return self.proj.flops(x_shape)
+
 
 class GPT(Composite):
     """``GPT(vocab, d_model, n_heads, d_ff, n_layers, max_seq)``: causal language model.
@@ -67,8 +72,7 @@ class GPT(Composite):
     forward(params, idx (batch, seq) ints) -> logits (batch, seq, vocab)."""
 
     def __init__(self, vocab, d_model, n_heads, d_ff, n_layers, max_seq, dtype=np.float32):
-        if n_heads < 1 or d_model % n_heads:
-            raise ValueError(f"GPT: d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        check_heads("GPT", d_model, n_heads)
         self.vocab, self.d_model, self.n_heads, self.d_ff = vocab, d_model, n_heads, d_ff
         self.n_layers, self.max_seq, self.dtype = n_layers, max_seq, dtype
         self.embed = TokenPositionEmbedding(vocab, d_model, max_seq, dtype)
@@ -91,3 +95,8 @@ class GPT(Composite):
             self._remember(cache, name, dy)
             dy = layer.backward_input(sub(params, name), cache[name], dy)
         return dy
+
+    def flops(self, idx_shape):
+        """Of the whole model for token ids of ``idx_shape`` (batch, seq)."""
+        x_shape = tuple(idx_shape) + (self.d_model,)
+        return add_flops(*(layer.flops(idx_shape if name == "embed" else x_shape) for name, layer in self.layers))

@@ -2,6 +2,8 @@
 
 import numpy as np
 
+from ..errors import ConfigError
+
 from .module import Module, check_last_dim
 
 
@@ -10,12 +12,14 @@ class Linear(Module):
 
     backward: dx = dy @ w.T (B); dw = x.T @ dy, db = sum(dy) over all leading dims (W).
     Tensor parallelism splits w by columns (each rank a slice of y) or by rows (each rank
-    a partial sum of y); see the tensor-parallel lesson.
+    a partial sum of y). A row-parallel layer must add its bias once, after the partial
+    sums are reduced: it calls ``forward`` with params that have no ``"b"`` (no bias is
+    added then) and adds the bias itself (:mod:`emulator.parallel.tensor_parallel`).
     """
 
     def __init__(self, d_in, d_out, bias=True, std=0.02, dtype=np.float32):
         if d_in < 1 or d_out < 1:
-            raise ValueError(f"Linear: d_in and d_out must be positive, got {d_in}, {d_out}")
+            raise ConfigError(f"Linear: d_in and d_out must be positive, got {d_in}, {d_out}")
         self.d_in, self.d_out, self.bias, self.std, self.dtype = d_in, d_out, bias, std, dtype
 
     def init(self, rng):
@@ -45,6 +49,10 @@ class Linear(Module):
             grads["b"] = dy2.sum(axis=0)
         return grads
 
+    def flops(self, x_shape):
+        mm = 2 * int(np.prod(x_shape[:-1])) * self.d_in * self.d_out
+        return {"forward": mm, "backward_input": mm, "backward_weight": mm}
+
 
 class Embedding(Module):
     """y = w[idx]: a row of w per token id. Backward: dw[i] = sum of dy where idx == i;
@@ -59,9 +67,9 @@ class Embedding(Module):
     def forward(self, params, idx):
         idx = np.asarray(idx)
         if not np.issubdtype(idx.dtype, np.integer):
-            raise ValueError(f"Embedding: expected integer token ids, got dtype {idx.dtype}")
+            raise ConfigError(f"Embedding: expected integer token ids, got dtype {idx.dtype}")
         if idx.size and (idx.min() < 0 or idx.max() >= params["w"].shape[0]):
-            raise ValueError(f"Embedding: token ids must lie in [0, {params['w'].shape[0]}), "
+            raise ConfigError(f"Embedding: token ids must lie in [0, {params['w'].shape[0]}), "
                              f"got min {idx.min()} max {idx.max()}")
         return params["w"][idx], {"idx": idx}
 

@@ -2,13 +2,15 @@
 
 import numpy as np
 
+from ..errors import ConfigError
+
 
 def cross_entropy(logits, targets):
     """loss = mean_i -log softmax(logits_i)[targets_i]. Returns (loss, cache)."""
     logits = np.asarray(logits)
     targets = np.asarray(targets)
     if logits.shape[:-1] != targets.shape:
-        raise ValueError(f"cross_entropy: logits {logits.shape} need targets of shape {logits.shape[:-1]}, "
+        raise ConfigError(f"cross_entropy: logits {logits.shape} need targets of shape {logits.shape[:-1]}, "
                          f"got {targets.shape}")
     z = logits - logits.max(-1, keepdims=True)
     logp = z - np.log(np.exp(z).sum(-1, keepdims=True))

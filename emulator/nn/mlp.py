@@ -4,7 +4,7 @@ import numpy as np
 
 from .activations import GELU
 from .linear import Linear
-from .module import Composite, sub
+from .module import Composite, add_flops, sub
 
 
 class MLP(Composite):
@@ -33,3 +33,6 @@ class MLP(Composite):
         dh = self.act.backward_input({}, cache["act"], da)
         self._remember(cache, "fc1", dh)
         return self.fc1.backward_input(sub(params, "fc1"), cache["fc1"], dh)
+
+    def flops(self, x_shape):
+        return add_flops(self.fc1.flops(x_shape), self.fc2.flops(tuple(x_shape[:-1]) + (self.d_ff,)))

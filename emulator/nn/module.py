@@ -13,9 +13,18 @@ Backward is split the way zero-bubble pipelines need it:
 A composite module's B stores the output gradient of each child in its cache
 (``cache["dys"]``), so its W only does the weight-gradient matmuls; if W is called
 without B first, it runs B itself. B then W gives exactly what ``backward`` gives.
+
+Every module reports its FLOPs for an input shape, ``flops(shape)`` -> ``{"forward",
+"backward_input", "backward_weight"}``: matrix multiplications only (2 per multiply-add),
+as the 6ND rule and MFU count them; elementwise work (norms, GELU, softmax) is left out.
+``cache_bytes(cache)`` lists what a forward cached for backward, tensor by tensor.
 """
 
 import numpy as np
+
+from ..errors import ConfigError
+
+NO_FLOPS = {"forward": 0, "backward_input": 0, "backward_weight": 0}
 
 
 def sub(params, prefix):
@@ -31,12 +40,48 @@ def prefixed(prefix, d):
 def check_last_dim(name, x, d):
     x = np.asarray(x)
     if x.ndim < 1 or x.shape[-1] != d:
-        raise ValueError(f"{name}: expected an input whose last dim is {d}, got shape {x.shape}")
+        raise ConfigError(f"{name}: expected an input whose last dim is {d}, got shape {x.shape}")
 
 
 def check_ndim(name, x, ndim, layout):
     if np.asarray(x).ndim != ndim:
-        raise ValueError(f"{name}: expected a {ndim}-d input {layout}, got shape {np.asarray(x).shape}")
+        raise ConfigError(f"{name}: expected a {ndim}-d input {layout}, got shape {np.asarray(x).shape}")
+
+
+def check_heads(name, d_model, n_heads):
+    if n_heads < 1 or d_model % n_heads:
+        raise ConfigError(f"{name}: d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+
+
+def add_flops(*parts):
+    """The sum of several modules' FLOPs dicts."""
+    return {k: sum(p[k] for p in parts) for k in NO_FLOPS}
+
+
+def total_flops(f):
+    """Forward plus backward (B and W)."""
+    return sum(f.values())
+
+
+def cache_bytes(cache, prefix=""):
+    """Bytes a forward cached for backward, by tensor: ``{"attn.core.p": nbytes, ...}``.
+    A tensor cached twice (the same memory under two names, e.g. the input shared by the
+    q, k and v projections) is counted once, under its first name."""
+    out, seen = {}, set()
+
+    def walk(obj, path):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                if k != "dys":
+                    walk(v, f"{path}.{k}" if path else str(k))
+        elif isinstance(obj, np.ndarray):
+            key = (obj.__array_interface__["data"][0], obj.nbytes)
+            if key not in seen:
+                seen.add(key)
+                out[path] = obj.nbytes
+
+    walk(cache, prefix)
+    return out
 
 
 class Module:
@@ -60,6 +105,10 @@ class Module:
     def backward(self, params, cache, dy):
         dx = self.backward_input(params, cache, dy)
         return dx, self.backward_weight(params, cache, dy)
+
+    def flops(self, shape):
+        """FLOPs for an input of ``shape`` (see the module docstring); none by default."""
+        return dict(NO_FLOPS)
 
 
 class Composite(Module):

@@ -7,6 +7,9 @@ Data parallelism, the ZeRO ladder side by side (each readable alone):
 * :class:`ZeRO2` (``zero2.py``): shard the gradients too.
 * :class:`ZeRO3` (``zero3.py``): shard the parameters too (FSDP), optionally prefetching.
 
+Tensor parallelism: :mod:`emulator.parallel.tensor_parallel` (Megatron's column- and
+row-parallel linear layers, the f/g operators).
+
 ``data_parallel(zero_stage, comm, model, params, opt, **options)`` picks one by its stage;
 ``assemble`` puts full parameters back together from every rank's shards.
 """
