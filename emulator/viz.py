@@ -19,28 +19,36 @@ def _axes(ax, figsize):
 
 
 def gantt(timeline, ax=None, title=None, unit="ms", label_events=True, figsize=None):
-    """Draw a timeline (``world.timeline()`` or a world): for every rank a compute row and,
-    just under it, a thinner communication-stream row. Idle time is grey."""
+    """Draw a timeline (``world.timeline()`` or a world): for every rank a compute lane and,
+    under it, one thinner lane per communication stream it used (``comm tp``, ``comm dp``,
+    ``p2p 0->1``), each named on the left. Idle time on the compute lane is grey."""
     if hasattr(timeline, "timeline"):
         timeline = timeline.timeline()
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
-    n = timeline.n_ranks
-    fig, ax = _axes(ax, figsize or (9, 0.7 * n + 1.2))
+    lanes, labels = {}, []
+    for r in range(timeline.n_ranks):
+        for stream in timeline.streams(r):
+            lanes[(r, stream)] = len(labels)
+            labels.append(f"rank {r}" if stream == "compute" else stream)
+    fig, ax = _axes(ax, figsize or (9, 0.32 * len(labels) + 1.2))
     for e in timeline.events:
-        if e.stream == "compute":
-            y, h = e.rank - 0.38, 0.5
-        else:
-            y, h = e.rank + 0.16, 0.22
-        color = COLORS[e.kind] if e.stream == "compute" else COLORS["comm"]
-        ax.broken_barh([(e.start * scale, e.duration * scale)], (y, h), facecolors=color,
+        y = lanes[(e.rank, e.stream)]
+        compute = e.stream == "compute"
+        h = 0.8 if compute else 0.55
+        color = COLORS[e.kind] if compute else COLORS["comm"]
+        ax.broken_barh([(e.start * scale, e.duration * scale)], (y - h / 2, h), facecolors=color,
                        edgecolor="white", linewidth=0.5)
         wide = e.duration * scale > 0.04 * max(timeline.makespan * scale, 1e-30)
-        if label_events and e.stream == "compute" and e.kind == "compute" and wide:
-            ax.text((e.start + e.duration / 2) * scale, e.rank - 0.13, e.name, ha="center", va="center",
+        if label_events and compute and e.kind == "compute" and wide:
+            ax.text((e.start + e.duration / 2) * scale, y, e.name, ha="center", va="center",
                     fontsize=7, color="white", clip_on=True)
-    ax.set_yticks(range(n))
-    ax.set_yticklabels([f"rank {r}" for r in range(n)])
-    ax.set_ylim(n - 0.5, -0.6)
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(labels, fontsize=8)
+    for tick, label in zip(ax.get_yticklabels(), labels):
+        if not label.startswith("rank"):
+            tick.set_color("#666666")
+            tick.set_fontsize(7)
+    ax.set_ylim(len(labels) - 0.5, -0.6)
     ax.set_xlim(0, max(timeline.makespan * scale, 1e-12))
     ax.set_xlabel(f"simulated time ({unit})")
     handles = [Patch(color=COLORS[k], label=k) for k in ("compute", "comm", "idle")]

@@ -6,9 +6,13 @@ NCCL on GPUs (one rank per GPU), gloo on the CPU otherwise (``--backend`` overri
 For all_reduce, reduce_scatter and all_gather over ``--sizes`` (bytes per rank) it prints
 time, algorithm bandwidth and bus bandwidth as nccl-tests defines them, and beside each
 line the emulator's alpha-beta prediction for the same world size on ``--gpus-per-node``
-H100/H200 GPUs per node (NVLink inside, InfiniBand NDR between). Then it runs the ring
-all-reduce of Exercise 0.4, built from point-to-point sends, and checks it against
-``dist.all_reduce``. Exits non-zero with a message naming the rank if any result is wrong.
+H100/H200 GPUs per node (NVLink inside, one NDR NIC per GPU between nodes, NCCL-like
+channels). Then it runs the ring all-reduce of Exercise 0.4, built from point-to-point
+calls posted together with ``batch_isend_irecv`` (a send-then-recv ring can hang on NCCL,
+NVIDIA/nccl#479: a send waits for its receiver), checks it against ``dist.all_reduce``,
+and writes its calls to ``--out``/00_collectives.calls.json, the format of
+``emulator.calls``: a test checks they are the calls ``emulator.p2p_ring`` makes. Exits
+non-zero with a message naming the rank if any result is wrong.
 
 Examples:
     torchrun --standalone --nproc-per-node 8 gpu_labs/00_collectives.py --sizes 1e3,1e6,1e9
@@ -18,7 +22,10 @@ Examples:
 import torch
 import torch.distributed as dist
 
+import os
+
 from common import base_parser, fail, finish, init, say, timed
+from trace import Recorder
 
 from emulator.cost import busbw, collective_time
 from emulator.topology import Topology
@@ -35,23 +42,23 @@ def parse():
     return ap.parse_args()
 
 
-def ring_all_reduce(x, rank, n):
-    """The ring of Exercise 0.4 with torch point-to-point: reduce-scatter, then all-gather.
-    Sends are posted with isend before the matching recv, so no rank waits in a cycle."""
+def ring_all_reduce(x, rank, n, rec):
+    """The ring of Exercise 0.4 (``emulator.p2p_ring``) with torch point-to-point:
+    reduce-scatter, then all-gather; each step's send and receive posted together."""
     chunks = list(x.clone().chunk(n))
     right, left = (rank + 1) % n, (rank - 1) % n
-    buf = torch.empty_like(chunks[0])
+
+    def exchange(chunk):
+        buf = torch.empty_like(chunk)
+        for work in rec.batch_isend_irecv([("send", chunk.contiguous(), right), ("recv", buf, left)]):
+            work.wait()
+        return buf
+
     for s in range(n - 1):  # reduce-scatter: pass chunk (r-s-1), add into chunk (r-s-2)
-        req = dist.isend(chunks[(rank - s - 1) % n].contiguous(), right)
-        dist.recv(buf, left)
-        req.wait()
         c = (rank - s - 2) % n
-        chunks[c] = chunks[c] + buf
+        chunks[c] = chunks[c] + exchange(chunks[(rank - s - 1) % n])
     for s in range(n - 1):  # all-gather: pass the newest complete chunk
-        req = dist.isend(chunks[(rank - s) % n].contiguous(), right)
-        dist.recv(buf, left)
-        req.wait()
-        chunks[(rank - s - 1) % n] = buf.clone()
+        chunks[(rank - s - 1) % n] = exchange(chunks[(rank - s) % n])
     return torch.cat(chunks)
 
 
@@ -62,8 +69,8 @@ def main():
     topo = Topology(gpus_per_node=args.gpus_per_node)
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     say(f"# {n} ranks, backend {dist.get_backend()}, device {device.type}, {args.dtype}; "
-        f"model: {args.gpus_per_node} GPUs per node, NVLink {topo.intra.beta / 1e9:.0f} GB/s, "
-        f"InfiniBand {topo.inter.beta / 1e9:.0f} GB/s")
+        f"model: {args.gpus_per_node} GPUs per node, NVLink {topo.nvlink.beta / 1e9:.0f} GB/s, "
+        f"a {topo.nic.beta / 1e9:.0f} GB/s NIC per GPU, {topo.channels} channels")
     say(f"{'op':>15} {'bytes':>10} {'time us':>10} {'algbw GB/s':>11} {'busbw GB/s':>11}"
         f" {'model us':>10} {'model busbw':>12}")
     item = torch.empty((), dtype=dtype).element_size()
@@ -98,18 +105,21 @@ def main():
     x = torch.randn(64 * n, generator=g, dtype=torch.float64).to(device)
     ref = x.clone()
     dist.all_reduce(ref)
-    ours = ring_all_reduce(x, rank, n)
+    rec = Recorder()
+    ours = ring_all_reduce(x, rank, n, rec)
     if args.self_test_fault and rank == n - 1:
         ours[0] += 1.0
     if not torch.allclose(ours, ref, rtol=1e-10, atol=1e-10):
         bad = int((~torch.isclose(ours, ref, rtol=1e-10, atol=1e-10)).sum())
-        fail(f"ring all-reduce from send/recv differs from dist.all_reduce at {bad} of {ref.numel()} values")
+        fail(f"ring all-reduce from point-to-point calls differs from dist.all_reduce at {bad} of {ref.numel()} values")
     rs = torch.empty(64, dtype=torch.float64, device=device)
     dist.reduce_scatter_single(rs, x)
     if not torch.allclose(rs, ref[rank * 64:(rank + 1) * 64]):
         fail("reduce_scatter_single disagrees with the matching slice of all_reduce")
-    say(f"OK: ring all-reduce (send/recv, {2 * (n - 1)} steps) matches dist.all_reduce on every rank; "
-        f"reduce_scatter matches all_reduce's slices")
+    path = rec.save(os.path.join(args.out, "00_collectives.calls.json"), lab="00_collectives", elements=64 * n,
+                    dtype="float64")
+    say(f"OK: ring all-reduce (batch_isend_irecv, {2 * (n - 1)} steps) matches dist.all_reduce on every rank; "
+        f"reduce_scatter matches all_reduce's slices; calls written to {path}")
     finish()
 
 

@@ -1,8 +1,12 @@
 """What every GPU lab shares: start torch.distributed, time things, report, fail clearly.
 
-NCCL when this rank has a GPU of its own, gloo otherwise (override with --backend). Under
-torchrun the rendezvous comes from the environment; run directly with python, a lab is a
-world of one on a free port.
+NCCL when every local rank has a GPU of its own, gloo otherwise (override with
+--backend); the choice is made once, from the number of local ranks, so all ranks agree.
+Under torchrun the rendezvous comes from the environment; run directly with python, a
+lab is a world of one on a free port. Written for torch 2.13, which the course pins
+(``reduce_scatter_single`` and ``all_gather_single`` are its names for the single-tensor
+collectives; older releases call them ``reduce_scatter_tensor`` and
+``all_gather_into_tensor``).
 """
 
 import argparse
@@ -30,6 +34,8 @@ def base_parser(doc):
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc)
     ap.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
                     help="nccl on GPUs, gloo on CPU (default: auto)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "artifacts", "gpu_labs"),
+                    help="folder for the lab's call trace (JSON, the format of emulator.calls)")
     return ap
 
 
@@ -41,12 +47,14 @@ def init(backend="auto"):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     local = int(os.environ["LOCAL_RANK"])
-    has_gpu = torch.cuda.is_available() and local < torch.cuda.device_count()
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    enough = gpus >= local_size  # the same answer on every rank of a node
     if backend == "auto":
-        backend = "nccl" if has_gpu else "gloo"
-    if backend == "nccl" and not has_gpu:
-        fail(f"--backend nccl needs a GPU per rank; local rank {local} sees "
-             f"{torch.cuda.device_count()} GPU(s). NCCL refuses two ranks on one GPU: use gloo.")
+        backend = "nccl" if enough else "gloo"
+    if backend == "nccl" and not enough:
+        fail(f"--backend nccl needs a GPU per rank: {local_size} ranks on this node, {gpus} GPU(s). "
+             f"NCCL refuses two ranks on one GPU: use fewer ranks per node, or --backend gloo.")
     device = torch.device(f"cuda:{local}") if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -20,10 +20,10 @@
 import numpy as np
 import matplotlib.pyplot as plt
 
-from emulator import World, Topology, collectives as C, viz
+from emulator import DeadlockError, P2POp, World, Topology, collectives as C, viz
 from emulator.cost import collective_time, busbw, algbw, crossover_bytes, BUS_FACTOR
 from emulator.network import Network
-from emulator.topology import NVLINK_H100, NVLINK_H100_LINE_RATE, INFINIBAND_NDR, H100_BF16_FLOPS
+from emulator.topology import NVLINK_H100, INFINIBAND_NDR, H100_BF16_FLOPS
 from emulator.grading import lesson00 as grade
 from emulator.notebook import setup
 
@@ -74,27 +74,33 @@ plt.show()
 
 # %% [markdown]
 # The gap between the two GPU links is what every placement decision in this course turns
-# on. NVLink 4 gives an H100 900 GB/s in total (450 GB/s each way); InfiniBand NDR gives
-# 50 GB/s per GPU each way (400 Gb/s), and some clusters have half that.
+# on. Compare them like with like, one direction each: NVLink 4 gives an H100 450 GB/s each
+# way (900 GB/s counting both), of which NCCL achieves about 370 GB/s; an InfiniBand NDR
+# NIC gives 50 GB/s each way (400 Gb/s), of which NCCL achieves 46-48 GB/s. (The "20-40x"
+# one often reads divides NVLink's both-directions 900 GB/s by one direction of a NIC, and
+# of a 25-50 GB/s one.)
 
 # %%
-nvlink_total = 2 * NVLINK_H100_LINE_RATE.beta
-for ib in (50e9, 25e9):
-    print(f"NVLink {nvlink_total / 1e9:.0f} GB/s vs InfiniBand {ib / 1e9:.0f} GB/s per GPU: {nvlink_total / ib:.0f}x")
+for what, nv, ib in (("datasheet", NVLINK_H100.line_rate, INFINIBAND_NDR.line_rate),
+                     ("achieved by NCCL", NVLINK_H100.beta, INFINIBAND_NDR.beta)):
+    print(f"{what:17s}: NVLink {nv / 1e9:.0f} GB/s vs one NIC {ib / 1e9:.0f} GB/s, per direction: {nv / ib:.1f}x")
 
 # %% [markdown]
 # The emulator charges each message by the link it crosses. Here is the same all-reduce
-# of 64 MB per GPU on 8 GPUs, first all in one node, then spread over 2 and 8 nodes. A
-# ring is as slow as its slowest hop: once it leaves the node, every step waits for
-# InfiniBand.
+# of 64 MiB per GPU on 8 GPUs, first in one node, then on two nodes of 4. With one ring
+# (one *channel*), every step waits for the single hop between the nodes, through one
+# NIC. NCCL runs several rings (channels) at once, each leaving the node through a
+# different GPU and its own NIC, so the nodes' NICs share the crossing traffic.
 
 # %%
 x = np.ones(16 * 2**20, dtype=np.float32)  # 64 MiB per rank
-for per_node in (8, 4, 1):
+for per_node, channels in ((8, None), (4, 1), (4, None)):
     world = World(8, topology=Topology(gpus_per_node=per_node))
-    world.run(lambda comm: comm.all_reduce(x))
+    world.run(lambda comm: comm.all_reduce(x, channels=channels))
     t = max(world.stats().time)
-    print(f"8 GPUs, {per_node} per node ({8 // per_node} node{'s' * (per_node < 8)}): {t * 1e3:7.3f} ms simulated")
+    used = channels or world.topology.channels
+    print(f"8 GPUs, {per_node} per node, {used} channel{'s' * (used > 1)}: {t * 1e3:7.3f} ms simulated, "
+          f"NIC bytes sent {sum(world.stats().bytes_sent_by_link['nic']) / 2**20:6.1f} MiB")
 
 # %% [markdown]
 # ## 3. Three collectives
@@ -257,25 +263,55 @@ grade.check_ring_all_reduce(ring_all_reduce)
 
 
 # %% [markdown]
-# **Exercise 0.4** — the same ring as a real program: the function below runs once per
-# rank, and may only use `comm.send(x, dst)` (buffered: it does not wait for the receiver)
-# and `comm.recv(src)`. Rank $r$ talks to $r+1$ and $r-1$ (mod $n$). If your ranks wait on
-# each other in a cycle, the emulator stops with a `DeadlockError` that says who waits on
-# whom.
+# ### The same ring as a real program
+#
+# On a cluster each rank runs its own copy of the program and talks to others with
+# point-to-point calls: `comm.send(x, dst)` and `comm.recv(src)`. As on NCCL, a send
+# completes only when the receiver has posted the matching receive. So what happens to
+# the obvious ring, in which every rank first sends to its right and then receives from
+# its left? Predict, then run it:
+
+# %%
+def send_then_recv_ring(comm, x):
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    comm.send(x, right)
+    return comm.recv(left)
+
+
+try:
+    World(4).run(send_then_recv_ring, np.ones(4))
+except DeadlockError as exc:
+    print(exc)
+
+# %% [markdown]
+# Every rank waits in its send for a receive that nobody will ever post. NCCL hangs the same
+# way (with a timeout minutes later, not a report). Two fixes: post the send and the
+# receive together, `comm.batch_isend_irecv([P2POp(comm.isend, chunk, right),
+# P2POp(comm.irecv, buffer, left)])`, which returns one handle per operation to `wait()`
+# on; or break the cycle by ordering them (even ranks send first, odd ranks receive first).
+#
+# **Exercise 0.4** — the ring all-reduce as a per-rank program, from point-to-point calls
+# only (`batch_isend_irecv` with `P2POp`, or `send`/`recv` in a safe order). Rank $r$ talks
+# to $r+1$ and $r-1$ (mod $n$).
 
 # %%
 def spmd_ring_all_reduce(comm, x):
     n, r = comm.size, comm.rank
-    ### BEGIN SOLUTION: Exercise 0.4: SPMD ring all-reduce from send and recv
+    ### BEGIN SOLUTION: Exercise 0.4: SPMD ring all-reduce from point-to-point calls
     chunks = np.split(x, n)
     right, left = (r + 1) % n, (r - 1) % n
+
+    def exchange(chunk):
+        buf = np.empty_like(chunk)
+        for h in comm.batch_isend_irecv([P2POp(comm.isend, chunk, right), P2POp(comm.irecv, buf, left)]):
+            h.wait()
+        return buf
+
     for s in range(n - 1):  # reduce-scatter
-        comm.send(chunks[(r - s - 1) % n], right)
         c = (r - s - 2) % n
-        chunks[c] = chunks[c] + comm.recv(left)
+        chunks[c] = chunks[c] + exchange(chunks[(r - s - 1) % n])
     for s in range(n - 1):  # all-gather
-        comm.send(chunks[(r - s) % n], right)
-        chunks[(r - s - 1) % n] = comm.recv(left)
+        chunks[(r - s - 1) % n] = exchange(chunks[(r - s) % n])
     return np.concatenate(chunks)
     ### END SOLUTION
 
@@ -326,9 +362,12 @@ plt.show()
 # NVIDIA's nccl-tests print two numbers per size. **algbw** $= S/t$ is the naive rate.
 # **busbw** multiplies it by how much each rank must really move per byte of result:
 # $2(n-1)/n$ for all-reduce, $(n-1)/n$ for reduce-scatter and all-gather. Bus bandwidth is
-# what you compare with the link: on an 8-GPU H100 node it saturates near 370 GB/s for
-# large messages (out of the 450 GB/s NVLink line rate each way); across nodes on
-# InfiniBand NDR it approaches 50 GB/s per GPU.
+# what you compare with the link: on an 8-GPU H100 node a ring saturates near 370 GB/s for
+# large messages (out of the 450 GB/s NVLink line rate each way; with NVLink SHARP, which
+# reduces inside the switch, nccl-tests reports about 480). Across nodes with one NDR NIC
+# per GPU, NCCL's channels put all 8 NICs of a node to work: about 370 GB/s again, where a
+# single ring through one NIC would give 46-48 (published figures and sources in
+# `emulator/topology.py`).
 
 # %%
 print(f"{'size':>10} {'time':>10} {'algbw':>11} {'busbw':>11}   (all_reduce, 8 GPUs in one node, model)")
@@ -340,9 +379,9 @@ print("bus-bandwidth factors:", {op: f(8) for op, f in BUS_FACTOR.items() if op 
 # %% [markdown]
 # ### Overlap: communication on its own stream
 #
-# Each emulated rank has a compute stream and a communication stream. A collective called
-# with `async_op=True` runs on the communication stream while the rank keeps computing;
-# `handle.wait()` joins them. Here each rank computes the gradients of four layers
+# Each emulated rank has a compute stream and a communication stream per group, as
+# PyTorch's NCCL process groups have. A collective called with `async_op=True` runs on its
+# group's stream while the rank keeps computing; `handle.wait()` joins them. Here each rank computes the gradients of four layers
 # (backward runs last layer first) and all-reduces each layer's gradients: first waiting
 # for each one, then letting them run behind the next layer's compute.
 
@@ -376,12 +415,12 @@ plt.show()
 # ## 7. Napkin problems
 #
 # Use the model and the numbers above (NVLink: $\alpha$ = 2 µs, $\beta$ = 370 GB/s;
-# InfiniBand NDR: $\alpha$ = 5 µs, $\beta$ = 50 GB/s per GPU). Each function returns your
-# answer; the check compares it with the model (2% tolerance).
+# InfiniBand NDR: $\alpha$ = 5 µs, $\beta$ = 48 GB/s per NIC, as NCCL achieves them). Each
+# function returns your answer; the check compares it with the model (2% tolerance).
 #
 # **Napkin 0.1** — a 7.5B-parameter model keeps bf16 gradients. Data parallelism over 64
-# GPUs in 8 nodes all-reduces them once per step with one flat ring. How long does that
-# take, and which link sets the pace (`"NVLink"` or `"InfiniBand"`)?
+# GPUs in 8 nodes all-reduces them once per step with one flat ring (one channel). How
+# long does that take, and which link sets the pace (`"NVLink"` or `"InfiniBand"`)?
 
 # %%
 def napkin_gradient_all_reduce():
@@ -434,7 +473,8 @@ grade.napkin_crossover(napkin_crossover())
 # `gpu_labs/00_collectives.py` runs the same experiments with `torch.distributed`: a
 # sweep of `all_reduce`, `reduce_scatter` and `all_gather` reporting time, algbw and busbw
 # as nccl-tests does, with the model's prediction beside each line, and the ring
-# all-reduce of Exercise 0.4 written with `dist.send`/`dist.recv` and checked against
+# all-reduce of Exercise 0.4 written with `dist.batch_isend_irecv` (the same calls as
+# `emulator.p2p_ring`, and a test compares the two traces) and checked against
 # `dist.all_reduce`. On one node with 8 GPUs:
 #
 # ```

@@ -18,10 +18,11 @@ import matplotlib.pyplot as plt
 from ml_dtypes import bfloat16
 
 from emulator import World, Topology, nn, viz
-from emulator import data_parallel as DP
+from emulator.parallel import assemble, data_parallel
 from emulator.accounting import zero_bytes_per_gpu, zero_traffic_per_gpu
 from emulator.batch_size import critical_batch_sweep
-from emulator.data_parallel import FlatLayout
+from emulator.sharding import FlatLayout
+from emulator.training import synthetic_batches, train, train_single
 from emulator.memory import nbytes_of
 from emulator.grading import lesson01 as grade
 from emulator.notebook import setup
@@ -100,12 +101,14 @@ for stage, name in enumerate(["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]):
 # NBVAL_IGNORE_OUTPUT
 from emulator.widgets import ZeroExplorer
 
-ZeroExplorer(n_params=7.5e9, n_gpus=64, stage=0)
+ZeroExplorer(n_params=7.5e9, n_gpus=64, zero_stage=0)
 
 # %% [markdown]
 # ## 3. Every variant, trained and measured
 #
-# `emulator.data_parallel` implements the four variants as per-rank programs. Each trains a
+# `emulator.parallel` implements the four variants as small strategies side by side (one
+# file each: `ddp.py`, `zero1.py`, `zero2.py`, `zero3.py`), which plug into one training
+# loop (`emulator.training.train`) through per-layer hooks. Each trains a
 # small GPT for a few steps on 4 emulated GPUs. First in float64, to check the claim that
 # matters most: **the parallel run ends with the same parameters as one device training on
 # the whole global batch.**
@@ -113,9 +116,9 @@ ZeroExplorer(n_params=7.5e9, n_gpus=64, stage=0)
 # %%
 small = nn.GPT(vocab=16, d_model=32, n_heads=2, d_ff=64, n_layers=2, max_seq=16, dtype=np.float64)
 p0 = small.init(np.random.default_rng(0))
-batches = DP.synthetic_batches(steps=4, batch=8, seq=16, vocab=16, seed=1)
+batches = synthetic_batches(steps=4, batch=8, seq=16, vocab=16, seed=1)
 adamw = nn.AdamW(lr=1e-2)
-reference, ref_losses = DP.train_single(small, p0, batches, adamw)
+reference, ref_losses = train_single(small, p0, batches, adamw)
 n, steps = 4, len(batches)
 psi = sum(v.size for v in p0.values())
 print(f"psi = {psi:,d} parameters, {n} ranks, {steps} steps; single-device losses {np.round(ref_losses, 4)}")
@@ -123,8 +126,8 @@ print(f"{'stage':>7} {'max |param - single|':>21} {'sent/rank/step':>15} {'formu
 sent = {}
 for stage in range(4):
     world = World(n)
-    out = world.run(lambda comm: DP.data_parallel_train(comm, small, p0, batches, adamw, stage=stage))
-    final = out[0]["params"] if stage < 3 else DP.assemble(small, p0, out)
+    out = world.run(lambda comm: train(comm, small, data_parallel(stage, comm, small, p0, adamw), batches))
+    final = out[0].params if stage < 3 else assemble(small, p0, [o.shards for o in out])
     err = max(np.abs(final[k] - reference[k]).max() for k in reference)
     sent[stage] = np.mean(world.stats().bytes_sent) / steps
     print(f"{stage:>7} {err:>21.1e} {sent[stage]:>13,.0f} B {zero_traffic_per_gpu(psi, n, stage, 8):>10,.0f}")
@@ -151,7 +154,7 @@ psi = sum(v.size for v in pm.values())
 rows = []
 for stage in range(4):
     world = World(n)
-    out = world.run(lambda comm: DP.data_parallel_train(comm, mixed, pm, batches[:2], adamw_mp, stage=stage))
+    out = world.run(lambda comm: train(comm, mixed, data_parallel(stage, comm, mixed, pm, adamw_mp), batches[:2]))
     rep = world.memory_report()[0]
     f = zero_bytes_per_gpu(psi, n, stage)
     rows.append([rep["peak_params"], rep["peak_grads"], rep["peak_optimizer"], rep["peak_buffers"],
@@ -192,7 +195,8 @@ slow = Topology(gpus_per_node=8, flops=3e11)
 fig, axes = plt.subplots(2, 1, figsize=(9, 4.6))
 for ax, prefetch in zip(axes, (False, True)):
     world = World(2, topology=slow)
-    world.run(lambda comm: DP.data_parallel_train(comm, mixed, pm, batches[:1], adamw_mp, stage=3, prefetch=prefetch))
+    world.run(lambda comm: train(comm, mixed, data_parallel(3, comm, mixed, pm, adamw_mp, prefetch=prefetch),
+                                 batches[:1]))
     title = f"ZeRO-3 {'with' if prefetch else 'without'} prefetch: step takes {max(world.stats().time) * 1e6:.1f} us"
     viz.gantt(world, ax=ax, title=title, label_events=False, unit="us")
 plt.show()
@@ -216,7 +220,7 @@ plt.show()
 
 # %%
 try:
-    World(16).run(lambda comm: DP.data_parallel_train(comm, small, p0, batches[:1], adamw, stage=0))
+    World(16).run(lambda comm: train(comm, small, data_parallel(0, comm, small, p0, adamw), batches[:1]))
 except Exception as exc:  # the global batch has 8 examples
     print(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
 

@@ -1,11 +1,18 @@
-"""Every GPU lab runs on the CPU with gloo, with 2 and 4 processes, and catches faults."""
+"""Every GPU lab runs on the CPU with gloo, with 2 and 4 processes, in float64 and float32,
+catches faults, and issues the same calls as the lesson's algorithm on the emulator."""
 
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from emulator import World, calls, nn
+from emulator.p2p_ring import ring_all_reduce_p2p
+from emulator.parallel import data_parallel
+from emulator.training import synthetic_batches, train
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
@@ -19,26 +26,38 @@ def torchrun(n, lab, *flags):
                           cwd=ROOT, timeout=600)
 
 
+def same_calls(lab_file, world):
+    differ = calls.compare(calls.load(lab_file), world.calls, ("lab", "emulator"))
+    assert not differ, "\n".join(differ)
+
+
 @pytest.mark.parametrize("n", [2, 4])
-def test_collectives_lab(n):
-    out = torchrun(n, "00_collectives.py", "--sizes", "1e3,1e5", "--iters", "2")
+def test_collectives_lab(n, tmp_path):
+    out = torchrun(n, "00_collectives.py", "--sizes", "1e3,1e5", "--iters", "2", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"# {n} ranks, backend gloo" in out.stdout
     rows = [line.split() for line in out.stdout.splitlines() if line.strip().startswith(("all_", "reduce_"))]
     assert [r[0] for r in rows] == ["all_reduce"] * 2 + ["reduce_scatter"] * 2 + ["all_gather"] * 2
     assert all(float(r[2]) > 0 and float(r[5]) > 0 for r in rows)  # measured and predicted times
-    assert "OK: ring all-reduce (send/recv" in out.stdout
+    assert "OK: ring all-reduce (batch_isend_irecv" in out.stdout
+    world = World(n)  # the lesson's ring on the emulator, same size: the same calls, rank by rank
+    world.run(lambda comm: ring_all_reduce_p2p(comm, np.zeros(64 * n)))
+    same_calls(tmp_path / "00_collectives.calls.json", world)
 
 
-def test_collectives_lab_fails_loudly_on_a_wrong_result():
-    out = torchrun(2, "00_collectives.py", "--sizes", "1e3", "--iters", "1", "--self-test-fault")
+def test_collectives_lab_fails_loudly_on_a_wrong_result(tmp_path):
+    out = torchrun(2, "00_collectives.py", "--sizes", "1e3", "--iters", "1", "--self-test-fault", "--out",
+                   str(tmp_path))
     assert out.returncode != 0
-    assert "FAILED on rank 1: ring all-reduce from send/recv differs from dist.all_reduce" in out.stderr
+    assert "FAILED on rank 1: ring all-reduce from point-to-point calls differs from dist.all_reduce" in out.stderr
 
 
-@pytest.mark.parametrize("n", [2, 4])
-def test_data_parallel_lab(n):
-    out = torchrun(n, "01_data_parallel.py", "--steps", "2")
+V, D, H, FF, L, S = 16, 32, 2, 64, 2, 16
+
+
+@pytest.mark.parametrize("n,dtype", [(2, "float64"), (4, "float64"), (2, "float32"), (4, "float32")])
+def test_data_parallel_lab(n, dtype, tmp_path):
+    out = torchrun(n, "01_data_parallel.py", "--steps", "2", "--dtype", dtype, "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [line.split() for line in out.stdout.splitlines()
              if line.strip().startswith(("DDP", "ZeRO-", "torch", "FSDP2"))]
@@ -49,12 +68,33 @@ def test_data_parallel_lab(n):
     # held bytes fall stage by stage; ZeRO-3 sends 1.5x what DDP sends
     grads = [int(rows[s][4].replace(",", "")) for s in ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")]
     assert grads[0] == grads[1] > grads[2] == grads[3]
-    sent = {s: float(rows[s][7].replace(",", "")) for s in ("DDP", "ZeRO-3")}
-    assert sent["ZeRO-3"] == pytest.approx(1.5 * sent["DDP"])
+    sent = {s: float(rows[s][6].replace(",", "")) for s in ("DDP", "ZeRO-3")}
+    assert sent["ZeRO-3"] == pytest.approx(1.5 * sent["DDP"], rel=0.01)
     assert "OK: every variant matches the single-process run" in out.stdout
+    # one algorithm, two backends: the lab issued exactly the emulator's calls
+    np_dtype = np.float64 if dtype == "float64" else np.float32
+    model = nn.GPT(V, D, H, FF, L, S, dtype=np_dtype)
+    params = {k: v.astype(np_dtype) for k, v in nn.GPT(V, D, H, FF, L, S, dtype=np.float64).init(
+        np.random.default_rng(0)).items()}
+    batches = synthetic_batches(2, 8, S, V, seed=1)
+    for zero_stage in range(4):
+        world = World(mesh={"dp": n})
+        world.run(lambda c: train(c, model, data_parallel(zero_stage, c.group("dp"), model, params, nn.AdamW()),
+                                  batches))
+        same_calls(tmp_path / f"01_data_parallel.zero{zero_stage}.calls.json", world)
 
 
-def test_data_parallel_lab_fails_loudly_on_a_wrong_gradient():
-    out = torchrun(2, "01_data_parallel.py", "--steps", "1", "--self-test-fault")
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_data_parallel_lab_fails_loudly_on_a_wrong_gradient(dtype, tmp_path):
+    out = torchrun(2, "01_data_parallel.py", "--steps", "1", "--self-test-fault", "--dtype", dtype, "--out",
+                   str(tmp_path))
     assert out.returncode != 0
     assert "hand-written ZeRO-1: parameters differ from the single-process run" in out.stderr
+
+
+def test_calls_comparison_bites():
+    a = [[calls.Call("all_reduce", "dp", 16), calls.Call("all_gather", "dp", 8)]]
+    assert calls.compare(a, a) == []
+    b = [[calls.Call("all_reduce", "dp", 16), calls.Call("all_gather", "tp", 8)]]
+    assert "call #1" in calls.compare(a, b)[0]
+    assert "1 more calls" in calls.compare(a, [a[0][:1]])[0]

@@ -37,10 +37,10 @@ def test_zero_explorer_model_and_widget():
     m = zero_explorer_model(30e9, 16, 2)
     assert m["bytes"][2]["total"] == 86.25e9 and not m["fits"] and "does not fit" in m["text"]
     assert zero_explorer_model(30e9, 16, 3)["fits"]
-    w = ZeroExplorer(n_params=7.5e9, n_gpus=64, stage=0)
+    w = ZeroExplorer(n_params=7.5e9, n_gpus=64, zero_stage=0)
     assert "DDP on 64 GPUs: 120 GB" in w.summary.value
     image = w.image.value
-    w.stage.value = 3
+    w.zero_stage.value = 3
     assert "ZeRO-3 on 64 GPUs: 1.875 GB" in w.summary.value and w.image.value != image
     w.gpus.value, w.params.value = 16, 30e9
     assert "30 GB per GPU" in w.summary.value and "fits in 80 GB" in w.summary.value

@@ -4,7 +4,7 @@ import numpy as np
 
 from .. import World, nn
 from ..accounting import zero_bytes_per_gpu
-from ..data_parallel import FlatLayout
+from ..sharding import FlatLayout
 from .common import compare_arrays, expect, passed, run_on_emulator
 
 

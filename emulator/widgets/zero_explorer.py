@@ -14,12 +14,12 @@ MODEL_SIZES = [("125M", 125e6), ("1.3B", 1.3e9), ("7.5B", 7.5e9), ("13B", 13e9),
                ("70B", 70e9), ("175B", 175e9), ("405B", 405e9), ("1T", 1e12)]
 
 
-def zero_explorer_model(n_params, n_gpus, stage, k=12, gpu_gb=80):
+def zero_explorer_model(n_params, n_gpus, zero_stage, k=12, gpu_gb=80):
     """Per-GPU bytes at every stage (the chosen one highlighted) and whether it fits."""
     rows = {s: zero_bytes_per_gpu(n_params, n_gpus, s, k) for s in range(4)}
-    chosen = rows[stage]
+    chosen = rows[zero_stage]
     fits = chosen / 1e9 <= gpu_gb
-    name = [k_ for k_, v in STAGES.items() if v == stage][0]
+    name = [k_ for k_, v in STAGES.items() if v == zero_stage][0]
     text = (f"{name} on {n_gpus} GPU{'s' * (n_gpus > 1)}: {chosen / 1e9:.4g} GB per GPU "
             f"(params {chosen.params / 1e9:.3g}, grads {chosen.grads / 1e9:.3g}, "
             f"optimizer {chosen.optimizer / 1e9:.3g}) — "
@@ -30,7 +30,7 @@ def zero_explorer_model(n_params, n_gpus, stage, k=12, gpu_gb=80):
     for kind, color in KIND_COLORS.items():
         vals = np.array([getattr(rows[s], kind) / 1e9 for s in range(4)])
         ax.bar(x, vals, bottom=bottom, color=color, label=kind,
-               edgecolor=["black" if s == stage else "none" for s in range(4)], linewidth=1.5)
+               edgecolor=["black" if s == zero_stage else "none" for s in range(4)], linewidth=1.5)
         bottom += vals
     ax.axhline(gpu_gb, color="black", ls="--", lw=1)
     ax.text(3.45, gpu_gb, f"{gpu_gb} GB", va="bottom", ha="right", fontsize=8)
@@ -49,23 +49,23 @@ def zero_explorer_model(n_params, n_gpus, stage, k=12, gpu_gb=80):
 class ZeroExplorer(W.VBox):
     """Controls: model size, number of GPUs, ZeRO stage, optimizer bytes per parameter."""
 
-    def __init__(self, n_params=7.5e9, n_gpus=64, stage=0, k=12):
+    def __init__(self, n_params=7.5e9, n_gpus=64, zero_stage=0, k=12):
         sizes = dict(MODEL_SIZES)
         if n_params not in sizes.values():
             sizes[f"{n_params / 1e9:.3g}B"] = n_params
         self.params = W.SelectionSlider(options=sorted(sizes.items(), key=lambda kv: kv[1]), value=n_params,
                                         description="parameters")
         self.gpus = W.SelectionSlider(options=GPU_COUNTS, value=n_gpus, description="GPUs")
-        self.stage = W.Dropdown(options=list(STAGES.items()), value=stage, description="stage")
+        self.zero_stage = W.Dropdown(options=list(STAGES.items()), value=zero_stage, description="ZeRO stage")
         self.k = W.IntSlider(value=k, min=0, max=16, description="K (bytes)")
         self.summary = W.HTML()
         self.image = W.Image(format="png")
-        super().__init__([W.HBox([self.params, self.gpus]), W.HBox([self.stage, self.k]), self.summary, self.image])
-        for c in (self.params, self.gpus, self.stage, self.k):
+        super().__init__([W.HBox([self.params, self.gpus]), W.HBox([self.zero_stage, self.k]), self.summary, self.image])
+        for c in (self.params, self.gpus, self.zero_stage, self.k):
             c.observe(self._redraw, names="value")
         self._redraw()
 
     def _redraw(self, change=None):
-        self.state = zero_explorer_model(self.params.value, self.gpus.value, self.stage.value, self.k.value)
+        self.state = zero_explorer_model(self.params.value, self.gpus.value, self.zero_stage.value, self.k.value)
         self.summary.value = f"<p class='zero-summary'>{self.state['text']}</p>"
         show_figure(self.image, self.state["figure"])

@@ -71,7 +71,7 @@ def drive_zero_explorer(page, shot):
     summary = cell.locator(".zero-summary")
     cell.screenshot(path=str(shot("zero_explorer_start")))
     before = summary.inner_text()
-    cell.locator(".widget-dropdown", has=page.locator("label:text-is('stage')")).locator("select").select_option(label="ZeRO-3")
+    cell.locator(".widget-dropdown", has=page.locator("label:text-is('ZeRO stage')")).locator("select").select_option(label="ZeRO-3")
     text = wait_text_change(summary, before)
     assert "ZeRO-3" in text, text
     handle = cell.locator(".widget-hslider", has=page.locator("label:text-is('GPUs')")).locator(".noUi-handle")

@@ -1,0 +1,80 @@
+"""The calls a lab makes on ``torch.distributed``, recorded as the emulator records them.
+
+A lab calls collectives and point-to-point operations through a :class:`Recorder`, which
+forwards them to ``torch.distributed`` and keeps, per call, ``Call(op, group, nbytes,
+peer)`` (:mod:`emulator.calls`): torch's op name, the group's mesh axis name (or
+``"world"``), the bytes of the tensor passed in, and the global peer rank of a
+point-to-point call. ``save`` gathers every rank's list and writes one JSON file, which a
+test compares with the emulator running the lesson's algorithm.
+
+It also counts the bytes each rank sends with a ring algorithm (the collective's size
+times nccl-tests' bus factor, :data:`emulator.cost.BUS_FACTOR`), for the lab's table.
+"""
+
+import os
+
+import torch.distributed as dist
+
+from emulator.calls import Call, save
+from emulator.cost import BUS_FACTOR
+
+
+def _nbytes(t):
+    return t.numel() * t.element_size()
+
+
+class Recorder:
+    """``groups`` maps a mesh axis name to its process group (from ``init_device_mesh``:
+    ``{"dp": mesh.get_group("dp")}``); calls without a group are on ``"world"``."""
+
+    def __init__(self, groups=None):
+        self.calls = []
+        self.sent = 0.0
+        self._names = {id(g): name for name, g in (groups or {}).items()}
+        self._sizes = {id(g): dist.get_world_size(g) for g in (groups or {}).values()}
+
+    def _record(self, op, t, group, peer=None, size_bytes=None):
+        name = "world" if group is None else self._names[id(group)]
+        self.calls.append(Call(op, name, _nbytes(t), peer))
+        n = dist.get_world_size() if group is None else self._sizes[id(group)]
+        if op in BUS_FACTOR:
+            self.sent += BUS_FACTOR[op](n) * (size_bytes if size_bytes is not None else _nbytes(t))
+        elif op == "send":
+            self.sent += _nbytes(t)
+
+    # ----------------------------------------------------------------- collectives
+    def all_reduce(self, t, group=None, async_op=False):
+        self._record("all_reduce", t, group)
+        return dist.all_reduce(t, group=group, async_op=async_op)
+
+    def reduce_scatter(self, out, t, group=None, async_op=False):
+        """``out`` gets this rank's slice of the sum of every rank's ``t``."""
+        self._record("reduce_scatter", t, group)
+        return dist.reduce_scatter_single(out, t, group=group, async_op=async_op)
+
+    def all_gather(self, out, t, group=None, async_op=False):
+        """``out`` gets every rank's ``t``, concatenated in rank order (nccl-tests' size:
+        the gathered ``out``)."""
+        self._record("all_gather", t, group, size_bytes=_nbytes(out))
+        return dist.all_gather_single(out, t, group=group, async_op=async_op)
+
+    # ----------------------------------------------------------------- point to point
+    def batch_isend_irecv(self, ops, group=None):
+        """``ops``: a list of ``("send", tensor, peer)`` / ``("recv", tensor, peer)`` with
+        global peer ranks, posted together (``dist.batch_isend_irecv``); returns the works."""
+        p2p = []
+        for kind, t, peer in ops:
+            self._record(kind, t, group, peer)
+            p2p.append(dist.P2POp(dist.isend if kind == "send" else dist.irecv, t, peer, group))
+        return dist.batch_isend_irecv(p2p)
+
+    # ----------------------------------------------------------------- output
+    def save(self, path, **meta):
+        """Gather every rank's calls on rank 0 and write them as JSON (rank 0 returns the
+        path, the others None)."""
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, [c.as_list() for c in self.calls])
+        if dist.get_rank() != 0:
+            return None
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        return save(path, [[Call(*c) for c in per_rank] for per_rank in every], **meta)
