@@ -101,20 +101,20 @@ def plan_all_reduce(bufs, op="sum", algorithm="ring", channels=1, rings_for=None
     check_op(op, dtype)
     check_algorithm(algorithm)
     n, total = len(bufs), math.prod(shape)
-    q, c, m = ring.layout(total, n, channels if algorithm == "ring" else 1)
-    cb = ring.chunk_bytes(total, n, q, c, m, dtype.itemsize)
-    X = ring.stack(bufs, n, q, c, m, total)
+    q, bounds = ring.layout(total, n, channels if algorithm == "ring" else 1)
+    cb = ring.chunk_bytes(total, n, q, bounds, dtype.itemsize)
+    X = ring.stack(bufs, n, q, total)
 
     def results():
-        out = _finish_avg(ring.natural(X, q, total), op, n)
+        out = _finish_avg(ring.natural(X, total), op, n)
         return [out[r].reshape(shape) for r in range(n)]
 
     holds = partial(_reduce_holds, n)
     if algorithm == "ring":
-        rings = _rings(n, c, rings_for)
-        gen = _chain(ring.reduce_scatter(X, op, cb, rings), ring.all_gather(X, cb, rings))
-        small = n * c * m * dtype.itemsize <= SMALL
-        direct = partial(ring.direct, X, op, rings, True) if small else None
+        rings = _rings(n, len(bounds) - 1, rings_for)
+        gen = _chain(ring.reduce_scatter(X, op, cb, rings, bounds), ring.all_gather(X, cb, rings, bounds))
+        small = n * q * dtype.itemsize <= SMALL
+        direct = partial(ring.direct, X, op, rings, bounds, True) if small else None
         return Plan(gen, results, _snapshot(X), holds, ring.all_reduce_messages(n, cb, rings), direct)
     per_chunk = np.array(cb).sum(axis=1)
     if algorithm == "tree":
@@ -134,16 +134,16 @@ def plan_reduce_scatter(bufs, op="sum", algorithm="ring", channels=1, rings_for=
                          f"pad dim 0 to a multiple of {n}")
     out_shape = (shape[0] // n,) + shape[1:]
     total = math.prod(shape)
-    q, c, m = ring.layout(total, n, channels if algorithm == "ring" else 1)
-    cb = ring.chunk_bytes(total, n, q, c, m, dtype.itemsize)
-    X = ring.stack(bufs, n, q, c, m, total)
+    q, bounds = ring.layout(total, n, channels if algorithm == "ring" else 1)
+    cb = ring.chunk_bytes(total, n, q, bounds, dtype.itemsize)
+    X = ring.stack(bufs, n, q, total)
     static = direct = None
     if algorithm == "ring":
-        rings = _rings(n, c, rings_for)
-        gen = ring.reduce_scatter(X, op, cb, rings)
+        rings = _rings(n, len(bounds) - 1, rings_for)
+        gen = ring.reduce_scatter(X, op, cb, rings, bounds)
         static = ring.messages(n, "reduce-scatter", cb, rings)
-        if n * c * m * dtype.itemsize <= SMALL:
-            direct = partial(ring.direct, X, op, rings, False)
+        if n * q * dtype.itemsize <= SMALL:
+            direct = partial(ring.direct, X, op, rings, bounds, False)
     else:
         per_chunk = np.array(cb).sum(axis=1)
         if algorithm == "tree":
@@ -152,7 +152,7 @@ def plan_reduce_scatter(bufs, op="sum", algorithm="ring", channels=1, rings_for=
             gen = _chain(tree.naive_reduce(X, op, per_chunk), tree.naive_scatter(X, per_chunk))
 
     def results():
-        out = _finish_avg(ring.diagonal(X).reshape(n, c * m)[:, :q].copy(), op, n)
+        out = _finish_avg(ring.diagonal(X).copy(), op, n)
         return [out[r].reshape(out_shape) for r in range(n)]
 
     return Plan(gen, results, _snapshot(X), partial(_reduce_holds, n), static, direct)
@@ -164,16 +164,15 @@ def plan_all_gather(bufs, algorithm="ring", channels=1, rings_for=None):
     if len(shape) == 0:
         raise ShapeError("all_gather: got a 0-d array; pass an array with at least one dim")
     n, s = len(bufs), math.prod(shape)
-    q, c, m = ring.layout(n * s, n, channels if algorithm == "ring" else 1)
-    cb = ring.chunk_bytes(n * s, n, q, c, m, dtype.itemsize)
+    q, bounds = ring.layout(n * s, n, channels if algorithm == "ring" else 1)
+    cb = ring.chunk_bytes(n * s, n, q, bounds, dtype.itemsize)
     out_shape = (n * shape[0],) + shape[1:]
-    X = np.zeros((n, n, c * m), dtype=dtype)
-    X[np.arange(n), np.arange(n), :s] = np.stack([np.asarray(b).reshape(-1) for b in bufs])
-    X = X.reshape(n, n, c, m)
+    X = np.zeros((n, n, s), dtype=dtype)  # zeros: a picture of a step shows nothing not yet received
+    ring.diagonal(X)[:] = np.stack([np.asarray(b).reshape(-1) for b in bufs])
     static = None
     if algorithm == "ring":
-        rings = _rings(n, c, rings_for)
-        gen = ring.all_gather(X, cb, rings)
+        rings = _rings(n, len(bounds) - 1, rings_for)
+        gen = ring.all_gather(X, cb, rings, bounds)
         static = ring.messages(n, "all-gather", cb, rings)
     else:
         per_chunk = np.array(cb).sum(axis=1)
@@ -183,7 +182,7 @@ def plan_all_gather(bufs, algorithm="ring", channels=1, rings_for=None):
             gen = _chain(tree.naive_gather(X, per_chunk), tree.naive_broadcast(X, per_chunk))
 
     def results():
-        return [X[r].reshape(n, c * m)[:, :s].reshape(out_shape) for r in range(n)]
+        return [X[r].reshape(out_shape) for r in range(n)]
 
     return Plan(gen, results, _snapshot(X), partial(_gather_holds, n), static)
 

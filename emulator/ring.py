@@ -1,9 +1,10 @@
 """The ring: every rank sends one chunk to its right neighbour in every step.
 
-Layout. A collective's buffers are stacked as one array ``X`` of shape (n, n, c, m):
-rank, chunk, channel, element. Chunk j is the part of the buffer that rank j owns after a
-reduce-scatter; it is cut further into c channel pieces, each carried by its own ring, as
-NCCL does (see :meth:`emulator.topology.Topology.rings`).
+Layout. A collective's buffers are stacked as one array ``X`` of shape (n, n, q): rank,
+chunk, element. Chunk j is the part of the buffer that rank j owns after a
+reduce-scatter; its elements are cut further into c channel pieces (``bounds[k]`` to
+``bounds[k+1]``), each carried by its own ring, as NCCL does (see
+:meth:`emulator.topology.Topology.rings`).
 
 A ring visits the ranks in some order; position p sends to position p+1. With both the
 rank and the chunk axes in ring order ("position space"), the chunks that move in one step
@@ -61,51 +62,52 @@ def single_ring(n, channels=1):
 
 # --------------------------------------------------------------------------- data
 def layout(total, n, channels):
-    """(q, c, m) for a buffer of ``total`` elements on n ranks: q elements per chunk,
-    c channels (never more than q: every channel piece holds an element), m per piece."""
+    """(q, bounds) for a buffer of ``total`` elements on n ranks: q elements per chunk,
+    cut into c channel pieces, piece k from ``bounds[k]`` to ``bounds[k+1]`` (c is never
+    more than q: every piece holds an element)."""
     q = -(-total // n)
     c = max(1, min(channels, q))
-    return q, c, -(-q // c)
+    return q, tuple(k * q // c for k in range(c + 1))
 
 
 @lru_cache(maxsize=1024)
-def chunk_bytes(total, n, q, c, m, itemsize):
+def chunk_bytes(total, n, q, bounds, itemsize):
     """Bytes of chunk j's piece on channel k, as a tuple of tuples (padding excluded)."""
     valid = np.minimum(np.maximum(total - np.arange(n) * q, 0), q)
-    piece = np.minimum(np.maximum(valid[:, None] - np.arange(c)[None, :] * m, 0), m) * itemsize
+    lo, hi = np.array(bounds[:-1]), np.array(bounds[1:])
+    piece = np.maximum(np.minimum(valid[:, None], hi[None, :]) - lo[None, :], 0) * itemsize
     return tuple(map(tuple, piece.tolist()))
 
 
-def stack(bufs, n, q, c, m, total):
-    """Stack flat buffers as (n, n, c, m): rank, chunk, channel, element, zero-padded."""
+def stack(bufs, n, q, total):
+    """Stack flat buffers as (n, n, q): rank, chunk, element (the last chunks zero-padded)."""
     flat = np.stack(bufs).reshape(n, total)  # the buffers have one shape (plans check it)
-    if total == n * q and q == c * m:
-        return flat.reshape(n, n, c, m)
-    X = np.zeros((n, n, c * m), dtype=flat.dtype)
-    padded = np.zeros((n, n * q), dtype=flat.dtype)
-    padded[:, :total] = flat
-    X[:, :, :q] = padded.reshape(n, n, q)
-    return X.reshape(n, n, c, m)
+    if total < n * q:
+        padded = np.empty((n, n * q), dtype=flat.dtype)
+        padded[:, :total] = flat
+        padded[:, total:] = 0
+        flat = padded
+    return flat.reshape(n, n, q)
 
 
-def natural(X, q, total):
+def natural(X, total):
     """Every rank's buffer back in its own layout, shape (n, total), padding dropped."""
     n = X.shape[0]
-    return X.reshape(n, n, -1)[:, :, :q].reshape(n, n * q)[:, :total]
+    return X.reshape(n, -1)[:, :total]
 
 
 def diagonal(X):
-    """Rows (r, r): the chunk each rank owns. A strided view, shape (n, c, m)."""
+    """Rows (r, r): the chunk each rank owns. A strided view, shape (n, q)."""
     n = X.shape[0]
     return X.reshape(n * n, *X.shape[2:])[:: n + 1]
 
 
-def enter(X, rings):
+def enter(X, rings, bounds):
     """Each ring's channels in position space: a view for a ring in rank order, else a
     permuted copy. Returns [(Y, where to write it back or None)]."""
     out = []
     for order, first, stop in rings:
-        view = X[:, :, first:stop]
+        view = X[:, :, bounds[first]:bounds[stop]]
         if is_identity(order):
             out.append((view, None))
         else:
@@ -153,11 +155,11 @@ def ring_slices(n, shift):
     return tuple(pairs)
 
 
-def reduce_scatter(X, op, chunk_bytes, rings):
+def reduce_scatter(X, op, chunk_bytes, rings, bounds):
     """Step s: every position p sends chunk (p-s-1) mod n to p+1, which combines it with
     its own copy. After n-1 steps position p holds chunk p, reduced over all ranks."""
     ufunc = UFUNC[op]
-    entered = enter(X, rings)
+    entered = enter(X, rings, bounds)
     for s, msg in enumerate(messages(X.shape[0], "reduce-scatter", chunk_bytes, rings)):
         for Y, _ in entered:
             ring_pass(Y, s + 1, ufunc)
@@ -165,10 +167,10 @@ def reduce_scatter(X, op, chunk_bytes, rings):
     leave(entered)
 
 
-def all_gather(X, chunk_bytes, rings):
+def all_gather(X, chunk_bytes, rings, bounds):
     """Step s: every position p passes on chunk (p-s) mod n, the last complete chunk it
     got. Starts from position p holding chunk p; ends with every position holding all."""
-    entered = enter(X, rings)
+    entered = enter(X, rings, bounds)
     for s, msg in enumerate(messages(X.shape[0], "all-gather", chunk_bytes, rings)):
         for Y, _ in entered:
             ring_pass(Y, s)
@@ -189,7 +191,7 @@ def reduce_scatter_direct(Y, op):
     adds, to every chunk at once (one ufunc per step). The additions happen in the ring's
     order, so the result is bit for bit the same; only the memory layout differs (one
     extra copy of the buffers), which pays off for small buffers. Returns the reduced
-    chunks in position space, shape (n, c, m)."""
+    chunks in position space, shape (n, elements)."""
     n = Y.shape[0]
     pos, chunks = _contributors(n)
     terms = Y[pos, chunks]  # terms[k, c]: the k-th contribution to chunk c
@@ -200,10 +202,10 @@ def reduce_scatter_direct(Y, op):
     return acc
 
 
-def direct(X, op, rings, everyone):
+def direct(X, op, rings, bounds, everyone):
     """Reduce-scatter chunk-major on every ring; with ``everyone`` every position then
     holds every reduced chunk (the all-gather's result) instead of just its own."""
-    entered = enter(X, rings)
+    entered = enter(X, rings, bounds)
     for Y, _ in entered:
         acc = reduce_scatter_direct(Y, op)
         if everyone:
