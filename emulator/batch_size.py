@@ -11,6 +11,8 @@ start to grow: more batch helps less than more steps.
 
 import numpy as np
 
+from .errors import ConfigError
+
 
 def steps_to_target(batch, target=0.05, d=16, condition=50.0, noise=1.0, replicas=4, max_steps=20000,
                     lrs=None, seed=0):
@@ -42,7 +44,8 @@ def steps_to_target(batch, target=0.05, d=16, condition=50.0, noise=1.0, replica
                 break  # the best learning rate has long finished
     best = int(np.argmin(done))
     if done[best] > max_steps:
-        raise RuntimeError(f"no learning rate reached the target within {max_steps} steps at batch {batch}")
+        raise ConfigError(f"no learning rate reached the target within {max_steps} steps at batch {batch}; "
+                          f"raise max_steps or loosen the target")
     return int(done[best]), float(lrs[best])
 
 

@@ -69,8 +69,7 @@ class Clock:
         end = start + duration
         if pattern is not None and len(pattern.src):
             self.ports.book(pattern.ports, start, end)
-            self.batches.append(Batch(op, label, pattern.step, pattern.src, pattern.dst, pattern.nbytes,
-                                      pattern.channel, pattern.nic, start + pattern.start, start + pattern.end))
+            self.batches.append(Batch(op, label, pattern, start))
         if end > start:
             self.events.extend([(r, s, "comm", name, start, end, label) for r, s, name in zip(ranks, streams, names)])
         self.streams.update({(r, s): end for r, s in zip(ranks, streams)})

@@ -124,6 +124,23 @@ def busbw(op, nbytes, n, seconds):
     return algbw(nbytes, seconds) * BUS_FACTOR[op](n)
 
 
+def calibration_table(topology=None, nbytes=2**30):
+    """The model's all_reduce bus bandwidth beside the published nccl-tests figures
+    (:data:`emulator.topology.PUBLISHED_ALL_REDUCE_BUSBW`), one row each."""
+    from .table import Table
+    from .topology import PUBLISHED_ALL_REDUCE_BUSBW, Topology
+
+    topology = topology or Topology.h100()
+    rows = []
+    for nodes, (lo, hi), what, source in PUBLISHED_ALL_REDUCE_BUSBW:
+        n = nodes * topology.gpus_per_node
+        ring = "SHARP" not in what
+        model = busbw("all_reduce", nbytes, n, collective_time("all_reduce", nbytes, n, topology)) / 1e9
+        rows.append({"nodes": nodes, "measured": what, "published GB/s": f"{lo}" if lo == hi else f"{lo}-{hi}",
+                     "model GB/s": f"{model:.0f}" if ring else "(ring only)", "source": source})
+    return Table(rows)
+
+
 def crossover_bytes(n, link):
     """Message size where a ring all-reduce's latency term equals its bandwidth term
     (one node, one link): 2(n-1) alpha = 2(n-1)/n S / beta  ->  S = n alpha beta."""

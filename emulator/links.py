@@ -30,25 +30,25 @@ import numpy as np
 STEP_BLOCK = 1 << 22  # (steps x ports) cells per bincount; larger patterns go block by block
 
 
-def port_count(n_ranks, topology):
-    n_nodes = -(-n_ranks // topology.gpus_per_node)
-    return 2 * n_ranks + 2 * n_nodes * topology.nics_per_node
+def port_count(world_size, topology):
+    n_nodes = -(-world_size // topology.gpus_per_node)
+    return 2 * world_size + 2 * n_nodes * topology.nics_per_node
 
 
 @lru_cache(maxsize=64)
-def _port_tables(n_ranks, topology):
+def _port_tables(world_size, topology):
     """Per global rank: its node, NVLink out/in ports and NIC out/in ports."""
-    r = np.arange(n_ranks)
+    r = np.arange(world_size)
     g = topology.gpus_per_node
     node = r // g
     nic = node * topology.nics_per_node + (r % g) // (g // topology.nics_per_node)
-    base = 2 * n_ranks
+    base = 2 * world_size
     return node, 2 * r, 2 * r + 1, base + 2 * nic, base + 2 * nic + 1
 
 
-def ports_of(src, dst, n_ranks, topology):
+def ports_of(src, dst, world_size, topology):
     """(out port, in port, crosses nodes) of messages ``src -> dst`` (global rank arrays)."""
-    node, nvl_out, nvl_in, nic_out, nic_in = _port_tables(n_ranks, topology)
+    node, nvl_out, nvl_in, nic_out, nic_in = _port_tables(world_size, topology)
     nic = node[src] != node[dst]
     return np.where(nic, nic_out[src], nvl_out[src]), np.where(nic, nic_in[dst], nvl_in[dst]), nic
 
@@ -71,7 +71,7 @@ class Pattern:
     ports: np.ndarray
 
 
-def pattern_of(steps, ranks, n_ranks, topology):
+def pattern_of(steps, ranks, world_size, topology):
     """Time the steps (:class:`~emulator.messages.Messages`) of an operation on the group
     ``ranks`` (global ranks, indexed by group-local rank)."""
     g = np.asarray(ranks)
@@ -81,8 +81,8 @@ def pattern_of(steps, ranks, n_ranks, topology):
     dst = g[np.concatenate([m.dst for m in steps])]
     nbytes = np.concatenate([m.nbytes for m in steps]).astype(np.int64)
     channel = np.concatenate([m.channels() for m in steps])
-    out, into, nic = ports_of(src, dst, n_ranks, topology)
-    used = np.zeros(port_count(n_ranks, topology), dtype=bool)
+    out, into, nic = ports_of(src, dst, world_size, topology)
+    used = np.zeros(port_count(world_size, topology), dtype=bool)
     used[out] = used[into] = True
     ports = np.flatnonzero(used)
     if all(m.exclusive for m in steps) and min(lens) > 0:

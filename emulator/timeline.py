@@ -26,9 +26,9 @@ class Event:
 class Timeline:
     """Per-rank events from the simulated clocks, ready for a Gantt chart."""
 
-    def __init__(self, events, n_ranks):
+    def __init__(self, events, size):
         self.events = sorted(events, key=lambda e: (e.rank, e.stream != "compute", e.stream, e.start, e.end))
-        self.n_ranks = n_ranks
+        self.size = size  # ranks in the run
         self.makespan = max((e.end for e in events), default=0.0)
 
     def of(self, rank, stream=None, kind=None):
@@ -49,14 +49,14 @@ class Timeline:
         if self.makespan == 0:
             return 0.0
         busy = self.total("compute")
-        return 1.0 - busy / (self.n_ranks * self.makespan)
+        return 1.0 - busy / (self.size * self.makespan)
 
     def to_chrome(self):
         """Chrome trace-event JSON (open in https://ui.perfetto.dev): one process per rank,
         one thread per stream."""
         out = []
         tids = {}
-        for r in range(self.n_ranks):
+        for r in range(self.size):
             out.append({"ph": "M", "name": "process_name", "pid": r, "args": {"name": f"rank {r}"}})
             out.append({"ph": "M", "name": "process_sort_index", "pid": r, "args": {"sort_index": r}})
             for tid, name in enumerate(self.streams(r)):

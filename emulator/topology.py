@@ -35,10 +35,11 @@ configuration                published busbw             model     source
 1 node x 8, NVLS (default)   ~476-480 GB/s               (ring)    NVIDIA/nccl-tests#290, #212
 2 nodes x 8, ring            8 NICs x 46-48 = 368-384    373 GB/s  NVIDIA/nccl-tests#290 (per-NIC figure)
 4 nodes x 8                  ~320 GB/s (RoCE)            363 GB/s  NVIDIA/nccl#1221
-248 nodes x 8 (H200)         ~350 GB/s                   n/a       NVIDIA/nccl-tests#283
 ===========================  ==========================  ========  ==================================
 
-The emulator models rings and trees, not NVLink SHARP (NVLS), which reduces inside the
+At hundreds of nodes NCCL switches to trees (NVIDIA/nccl-tests#283 reports about 350 GB/s
+on 248 H200 nodes), where a flat ring is latency-bound. The emulator models rings and
+trees, not NVLink SHARP (NVLS), which reduces inside the
 NVSwitch and lets a one-node all-reduce exceed the ring's 370 GB/s.
 
 Other figures: NVLink 4 is 18 links x 25 GB/s = 450 GB/s per direction per GPU (NVIDIA H100
@@ -78,6 +79,16 @@ class Link:
         """Seconds to send ``nbytes`` over this link in one message."""
         return self.alpha + nbytes / self.beta
 
+
+# all_reduce of 1 GiB on H100/H200 nodes with one NDR NIC per GPU, as published:
+# (nodes of 8, (low, high) busbw in GB/s, what was measured, source). cost.calibration_table()
+# sets the model beside them; the table in the docstring above is the same.
+PUBLISHED_ALL_REDUCE_BUSBW = (
+    (1, (369, 370), "ring (NVLS off)", "NVIDIA/nccl-tests#309, #212"),
+    (1, (476, 480), "NVLink SHARP, NCCL's default in one node", "NVIDIA/nccl-tests#290, #212"),
+    (2, (368, 384), "ring: 8 NICs x 46-48 GB/s", "NVIDIA/nccl-tests#290"),
+    (4, (320, 320), "RoCE, NVLS on or off", "NVIDIA/nccl#1221"),
+)
 
 NVLINK_H100 = Link("NVLink 4 (H100/H200 SXM)", alpha=2e-6, beta=370e9, line_rate=450e9)
 INFINIBAND_NDR = Link("InfiniBand NDR 400 Gb/s (ConnectX-7)", alpha=5e-6, beta=48e9, line_rate=50e9)

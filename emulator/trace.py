@@ -36,20 +36,23 @@ class TraceRecord:
                 f"ch{self.channel} {self.link} {self.start * 1e6:.2f}-{self.end * 1e6:.2f}us)")
 
 
-@dataclass
 class Batch:
-    """The messages of one operation, as arrays (``nic``: crosses nodes)."""
+    """The messages of one operation: its op and group, the timing pattern of its messages
+    (:class:`~emulator.links.Pattern`, relative times) and when it started. Reads like
+    arrays: ``src``, ``dst``, ``nbytes``, ``channel``, ``nic`` (crosses nodes), ``start``,
+    ``end`` (absolute)."""
 
-    op: str
-    group: str
-    step: np.ndarray
-    src: np.ndarray
-    dst: np.ndarray
-    nbytes: np.ndarray
-    channel: np.ndarray
-    nic: np.ndarray
-    start: np.ndarray
-    end: np.ndarray
+    __slots__ = ("op", "group", "pattern", "t0")
+
+    def __init__(self, op, group, pattern, t0):
+        self.op, self.group, self.pattern, self.t0 = op, group, pattern, t0
+
+    def __getattr__(self, name):
+        if name in ("step", "src", "dst", "nbytes", "channel", "nic"):
+            return getattr(self.pattern, name)
+        if name in ("start", "end"):
+            return self.t0 + getattr(self.pattern, name)
+        raise AttributeError(name)
 
     def records(self):
         links = np.where(self.nic, "nic", "nvlink")
@@ -83,16 +86,16 @@ class Stats:
         return Table(rows, byte_columns=("sent", "received"))
 
 
-def stats_from(batches, n_ranks, clocks):
-    sent = np.zeros(n_ranks, dtype=np.int64)
-    received = np.zeros(n_ranks, dtype=np.int64)
-    by_link = {"nvlink": np.zeros(n_ranks, dtype=np.int64), "nic": np.zeros(n_ranks, dtype=np.int64)}
+def stats_from(batches, world_size, clocks):
+    sent = np.zeros(world_size, dtype=np.int64)
+    received = np.zeros(world_size, dtype=np.int64)
+    by_link = {"nvlink": np.zeros(world_size, dtype=np.int64), "nic": np.zeros(world_size, dtype=np.int64)}
     by_op, count_by_op, count = {}, {}, 0
     for b in batches:
-        sent += np.bincount(b.src, weights=b.nbytes, minlength=n_ranks).astype(np.int64)
-        received += np.bincount(b.dst, weights=b.nbytes, minlength=n_ranks).astype(np.int64)
+        sent += np.bincount(b.src, weights=b.nbytes, minlength=world_size).astype(np.int64)
+        received += np.bincount(b.dst, weights=b.nbytes, minlength=world_size).astype(np.int64)
         for link, mask in (("nvlink", ~b.nic), ("nic", b.nic)):
-            by_link[link] += np.bincount(b.src[mask], weights=b.nbytes[mask], minlength=n_ranks).astype(np.int64)
+            by_link[link] += np.bincount(b.src[mask], weights=b.nbytes[mask], minlength=world_size).astype(np.int64)
         by_op[b.op] = by_op.get(b.op, 0) + int(b.nbytes.sum())
         count_by_op[b.op] = count_by_op.get(b.op, 0) + len(b.src)
         count += len(b.src)

@@ -26,7 +26,7 @@ def gantt(timeline, ax=None, title=None, unit="ms", label_events=True, figsize=N
         timeline = timeline.timeline()
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
     lanes, labels = {}, []
-    for r in range(timeline.n_ranks):
+    for r in range(timeline.size):
         for stream in timeline.streams(r):
             lanes[(r, stream)] = len(labels)
             labels.append(f"rank {r}" if stream == "compute" else stream)

@@ -101,7 +101,7 @@ for stage, name in enumerate(["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]):
 # NBVAL_IGNORE_OUTPUT
 from emulator.widgets import ZeroExplorer
 
-ZeroExplorer(n_params=7.5e9, n_gpus=64, zero_stage=0)
+ZeroExplorer(n_params=7.5e9, dp_size=64, zero_stage=0)
 
 # %% [markdown]
 # ## 3. Every variant, trained and measured

@@ -37,7 +37,7 @@ def test_zero_explorer_model_and_widget():
     m = zero_explorer_model(30e9, 16, 2)
     assert m["bytes"][2]["total"] == 86.25e9 and not m["fits"] and "does not fit" in m["text"]
     assert zero_explorer_model(30e9, 16, 3)["fits"]
-    w = ZeroExplorer(n_params=7.5e9, n_gpus=64, zero_stage=0)
+    w = ZeroExplorer(n_params=7.5e9, dp_size=64, zero_stage=0)
     assert "DDP on 64 GPUs: 120 GB" in w.summary.value
     image = w.image.value
     w.zero_stage.value = 3

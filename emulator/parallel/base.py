@@ -55,8 +55,26 @@ class DataParallelStrategy:
             self.memory.release("params")
         self.memory.hold("params", self.full, "params")
 
+    def slices_of_full(self):
+        """{layer: this rank's slice of its full parameters} (ZeRO-1 and 2 hold them all)."""
+        return {name: self.my_slice(name, self.layouts[name].flatten(self.full[name])) for name in self.names}
+
     def sharded_optimizer(self, shards):
         """Optimizer state for this rank's slice of every layer only (ZeRO-1, 2, 3)."""
         state = {name: self.opt.init({"flat": shards[name]}) for name in self.names}
         self.memory.hold("optimizer", state, "optimizer")
         return state
+
+    def reduce_scatter_grads(self, name, grads, grad_shards):
+        """ZeRO-2 and 3, as backward produces a layer's gradients: reduce-scatter them, keep
+        the mean gradient of this rank's slice (adding to it over micro-batches), free the
+        full gradient."""
+        flat = self.layouts[name].flatten(grads)
+        self.memory.hold(f"fullgrad:{name}", flat, "buffers")
+        mine = self.comm.reduce_scatter(flat) / self.comm.size
+        self.memory.release(f"fullgrad:{name}")
+        if name in grad_shards:
+            grad_shards[name] += mine
+        else:
+            grad_shards[name] = mine
+            self.memory.hold(f"grads:{name}", mine, "grads")

@@ -16,8 +16,7 @@ class ZeRO1(DataParallelStrategy):
     def __init__(self, comm, model, params, opt):
         super().__init__(comm, model, params, opt)
         self.hold_full_params()
-        self.state = self.sharded_optimizer({name: self.my_slice(name, self.layouts[name].flatten(self.full[name]))
-                                             for name in self.names})
+        self.state = self.sharded_optimizer(self.slices_of_full())
         self.grads = {}
 
     def grads_ready(self, name, grads, last):
@@ -39,4 +38,4 @@ class ZeRO1(DataParallelStrategy):
         self.hold_full_params()
 
     def shards(self):
-        return {name: self.my_slice(name, self.layouts[name].flatten(self.full[name])) for name in self.names}
+        return self.slices_of_full()

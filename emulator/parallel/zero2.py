@@ -16,20 +16,11 @@ class ZeRO2(DataParallelStrategy):
     def __init__(self, comm, model, params, opt):
         super().__init__(comm, model, params, opt)
         self.hold_full_params()
-        self.state = self.sharded_optimizer({name: self.my_slice(name, self.layouts[name].flatten(self.full[name]))
-                                             for name in self.names})
+        self.state = self.sharded_optimizer(self.slices_of_full())
         self.grad_shards = {}
 
     def grads_ready(self, name, grads, last):
-        flat = self.layouts[name].flatten(grads)
-        self.memory.hold(f"fullgrad:{name}", flat, "buffers")
-        mine = self.comm.reduce_scatter(flat) / self.comm.size
-        self.memory.release(f"fullgrad:{name}")
-        if name in self.grad_shards:  # accumulating over micro-batches
-            self.grad_shards[name] += mine
-            return
-        self.grad_shards[name] = mine
-        self.memory.hold(f"grads:{name}", mine, "grads")
+        self.reduce_scatter_grads(name, grads, self.grad_shards)
 
     def step(self):
         for name in self.names:
@@ -42,4 +33,4 @@ class ZeRO2(DataParallelStrategy):
         self.hold_full_params()
 
     def shards(self):
-        return {name: self.my_slice(name, self.layouts[name].flatten(self.full[name])) for name in self.names}
+        return self.slices_of_full()

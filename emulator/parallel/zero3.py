@@ -19,7 +19,7 @@ class ZeRO3(DataParallelStrategy):
     def __init__(self, comm, model, params, opt, prefetch=False):
         super().__init__(comm, model, params, opt)
         self.prefetch = prefetch
-        self.my = {name: self.my_slice(name, self.layouts[name].flatten(self.full[name])) for name in self.names}
+        self.my = self.slices_of_full()
         self.full = None
         self.memory.hold("params", self.my, "params")
         self.state = self.sharded_optimizer(self.my)
@@ -45,15 +45,7 @@ class ZeRO3(DataParallelStrategy):
 
     def grads_ready(self, name, grads, last):
         self.memory.release(f"gathered:{name}")
-        flat = self.layouts[name].flatten(grads)
-        self.memory.hold(f"fullgrad:{name}", flat, "buffers")
-        mine = self.comm.reduce_scatter(flat) / self.comm.size
-        self.memory.release(f"fullgrad:{name}")
-        if name in self.grad_shards:  # accumulating over micro-batches
-            self.grad_shards[name] += mine
-            return
-        self.grad_shards[name] = mine
-        self.memory.hold(f"grads:{name}", mine, "grads")
+        self.reduce_scatter_grads(name, grads, self.grad_shards)
 
     def step(self):
         for name in self.names:

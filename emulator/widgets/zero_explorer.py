@@ -14,13 +14,13 @@ MODEL_SIZES = [("125M", 125e6), ("1.3B", 1.3e9), ("7.5B", 7.5e9), ("13B", 13e9),
                ("70B", 70e9), ("175B", 175e9), ("405B", 405e9), ("1T", 1e12)]
 
 
-def zero_explorer_model(n_params, n_gpus, zero_stage, k=12, gpu_gb=80):
+def zero_explorer_model(n_params, dp_size, zero_stage, k=12, gpu_gb=80):
     """Per-GPU bytes at every stage (the chosen one highlighted) and whether it fits."""
-    rows = {s: zero_bytes_per_gpu(n_params, n_gpus, s, k) for s in range(4)}
+    rows = {s: zero_bytes_per_gpu(n_params, dp_size, s, k) for s in range(4)}
     chosen = rows[zero_stage]
     fits = chosen / 1e9 <= gpu_gb
     name = [k_ for k_, v in STAGES.items() if v == zero_stage][0]
-    text = (f"{name} on {n_gpus} GPU{'s' * (n_gpus > 1)}: {chosen / 1e9:.4g} GB per GPU "
+    text = (f"{name} on {dp_size} GPU{'s' * (dp_size > 1)}: {chosen / 1e9:.4g} GB per GPU "
             f"(params {chosen.params / 1e9:.3g}, grads {chosen.grads / 1e9:.3g}, "
             f"optimizer {chosen.optimizer / 1e9:.3g}) — "
             + ("fits in" if fits else "does not fit in") + f" {gpu_gb} GB, before activations")
@@ -39,7 +39,7 @@ def zero_explorer_model(n_params, n_gpus, zero_stage, k=12, gpu_gb=80):
     ax.set_xticks(x)
     ax.set_xticklabels(list(STAGES))
     ax.set_ylabel("GB per GPU")
-    ax.set_title(f"{n_params / 1e9:.3g}B parameters, K = {k} bytes/param, {n_gpus} GPUs", fontsize=9)
+    ax.set_title(f"{n_params / 1e9:.3g}B parameters, K = {k} bytes/param, {dp_size} GPUs", fontsize=9)
     ax.legend(fontsize=8, loc="upper right")
     ax.set_ylim(0, max(bottom.max(), gpu_gb) * 1.15)
     fig.tight_layout()
@@ -49,13 +49,13 @@ def zero_explorer_model(n_params, n_gpus, zero_stage, k=12, gpu_gb=80):
 class ZeroExplorer(W.VBox):
     """Controls: model size, number of GPUs, ZeRO stage, optimizer bytes per parameter."""
 
-    def __init__(self, n_params=7.5e9, n_gpus=64, zero_stage=0, k=12):
+    def __init__(self, n_params=7.5e9, dp_size=64, zero_stage=0, k=12):
         sizes = dict(MODEL_SIZES)
         if n_params not in sizes.values():
             sizes[f"{n_params / 1e9:.3g}B"] = n_params
         self.params = W.SelectionSlider(options=sorted(sizes.items(), key=lambda kv: kv[1]), value=n_params,
                                         description="parameters")
-        self.gpus = W.SelectionSlider(options=GPU_COUNTS, value=n_gpus, description="GPUs")
+        self.gpus = W.SelectionSlider(options=GPU_COUNTS, value=dp_size, description="GPUs")
         self.zero_stage = W.Dropdown(options=list(STAGES.items()), value=zero_stage, description="ZeRO stage")
         self.k = W.IntSlider(value=k, min=0, max=16, description="K (bytes)")
         self.summary = W.HTML()

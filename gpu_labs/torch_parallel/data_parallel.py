@@ -140,6 +140,14 @@ def _sharded(s):
     return shards, opts
 
 
+def _reduce_scatter_into(s, name, flat, shards):
+    """The mean gradient of this rank's slice of a layer, from every rank's full one."""
+    out = torch.empty(s.layouts[name].padded // s.n, device=s.device, dtype=s.dtype)
+    s.rec.reduce_scatter(out, flat, group=s.group)
+    shards[name].grad = out / s.n
+    return shards[name].grad
+
+
 def _step_and_gather(s, name, shards, opts, full, step):
     opts[name].step()
     if step == 0 and name == s.names[-1]:
@@ -165,12 +173,8 @@ def zero1(s, batches, fault=False):
         for name in s.names:
             s.led.hold(f"grads:{name}", [t.grad for t in full[name].values()], "grads")
         for name in s.names:
-            flat = s.flatten(name, {k: t.grad for k, t in full[name].items()})
-            out = torch.empty(s.layouts[name].padded // s.n, device=s.device, dtype=s.dtype)
-            s.rec.reduce_scatter(out, flat, group=s.group)
-            shards[name].grad = out / s.n
+            g = _reduce_scatter_into(s, name, s.flatten(name, {k: t.grad for k, t in full[name].items()}), shards)
             if fault and s.rank == 0 and name == s.names[-1]:  # flip one gradient: Adam's step flips too
-                g = shards[name].grad
                 g[0] = -g[0] if g[0] != 0 else 1.0
             for t in full[name].values():
                 t.grad = None
@@ -190,9 +194,7 @@ def zero2(s, batches):
         def reduce_scatter(name):
             flat = s.led.hold(f"fullgrad:{name}", s.flatten(name, {k: t.grad for k, t in full[name].items()}),
                               "buffers")
-            out = torch.empty(s.layouts[name].padded // s.n, device=s.device, dtype=s.dtype)
-            s.rec.reduce_scatter(out, flat, group=s.group)
-            shards[name].grad = out / s.n
+            _reduce_scatter_into(s, name, flat, shards)
             s.led.release(f"fullgrad:{name}")
             s.led.hold(f"grads:{name}", shards[name].grad, "grads")
             for t in full[name].values():
@@ -244,10 +246,7 @@ def zero3(s, batches):
             wanted = [flats[name]] + ([inputs[name]] if inputs[name].requires_grad else [])
             grads = torch.autograd.grad(outputs.pop(name), wanted, dy)
             free(name)
-            out = torch.empty(s.layouts[name].padded // s.n, device=s.device, dtype=s.dtype)
-            s.rec.reduce_scatter(out, grads[0], group=s.group)
-            shards[name].grad = out / s.n
-            s.led.hold(f"grads:{name}", shards[name].grad, "grads")
+            s.led.hold(f"grads:{name}", _reduce_scatter_into(s, name, grads[0], shards), "grads")
             dy = grads[1] if len(grads) > 1 else None
         for name in s.names:
             opts[name].step()
