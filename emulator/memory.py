@@ -2,8 +2,10 @@
 
 A program says what it keeps alive (``comm.memory.hold("w1", w, "params")``) and when it
 lets go (``comm.memory.release("w1")``). The ledger keeps current and peak bytes, in total
-and per kind, and a history stamped with the rank's simulated clock, so a lesson can show
-measured memory beside the formula.
+and per kind, the breakdown at the moment of the peak, and a history by kind stamped with
+the rank's simulated clock, so a lesson can show measured memory beside the formula and
+over time. ``holding(array)`` says which held entry an array belongs to, so a check can
+tie holding to use (the parameters a layer computes with must be held while it does).
 """
 
 import numpy as np
@@ -39,6 +41,17 @@ def nbytes_of(obj, top=True, seen=None):
     )
 
 
+def _arrays(obj):
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from _arrays(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _arrays(v)
+    elif isinstance(obj, np.ndarray):
+        yield obj
+
+
 class MemoryLedger:
     """What one rank holds. ``clock`` is a callable returning the rank's simulated time."""
 
@@ -46,12 +59,14 @@ class MemoryLedger:
         self.rank = rank
         self._clock = clock
         self._held = {}  # name -> (kind, nbytes)
+        self._objects = {}  # name -> what was held (while it is)
         self.current = {k: 0 for k in KINDS}
         self.peak_by_kind = {k: 0 for k in KINDS}
         self.total = 0
         self.peak = 0
+        self.peak_time = 0.0
         self.peak_breakdown = dict(self.current)  # bytes by kind at the moment of the peak
-        self.history = [(0.0, 0)]
+        self._by_kind = [(0.0, (0,) * len(KINDS))]  # (time, bytes per kind) after every change
 
     def hold(self, name, obj, kind):
         """Record that this rank now keeps ``obj`` (an array, a dict of arrays, or bytes)."""
@@ -64,6 +79,7 @@ class MemoryLedger:
             )
         nbytes = nbytes_of(obj)
         self._held[name] = (kind, nbytes)
+        self._objects[name] = obj
         self._change(kind, nbytes)
         return obj
 
@@ -74,6 +90,7 @@ class MemoryLedger:
                 f"held now: {sorted(self._held) or 'nothing'}"
             )
         kind, nbytes = self._held.pop(name)
+        del self._objects[name]
         self._change(kind, -nbytes)
 
     def release_all(self, kind=None):
@@ -83,14 +100,34 @@ class MemoryLedger:
     def holds(self, name):
         return name in self._held
 
+    def holding(self, array):
+        """The name of the held entry that ``array`` shares memory with, or None."""
+        for name, obj in self._objects.items():
+            for a in _arrays(obj):
+                if np.shares_memory(a, array):
+                    return name
+        return None
+
     def _change(self, kind, delta):
         self.current[kind] += delta
         self.total += delta
         self.peak_by_kind[kind] = max(self.peak_by_kind[kind], self.current[kind])
+        now = self._clock()
         if self.total > self.peak:
-            self.peak = self.total
+            self.peak, self.peak_time = self.total, now
             self.peak_breakdown = dict(self.current)
-        self.history.append((self._clock(), self.total))
+        self._by_kind.append((now, tuple(self.current[k] for k in KINDS)))
+
+    @property
+    def history(self):
+        """[(simulated time, total bytes held)] after every change."""
+        return [(t, sum(b)) for t, b in self._by_kind]
+
+    def history_by_kind(self):
+        """(times, {kind: bytes}) as arrays: what was held after every change, by kind."""
+        times = np.array([t for t, _ in self._by_kind])
+        table = np.array([b for _, b in self._by_kind], dtype=np.int64).reshape(len(times), len(KINDS))
+        return times, {k: table[:, i] for i, k in enumerate(KINDS)}
 
     def summary(self):
         row = {"rank": self.rank, "current": self.total, "peak": self.peak}
