@@ -145,3 +145,12 @@ def crossover_bytes(n, link):
     """Message size where a ring all-reduce's latency term equals its bandwidth term
     (one node, one link): 2(n-1) alpha = 2(n-1)/n S / beta  ->  S = n alpha beta."""
     return n * link.alpha * link.beta
+
+
+def crossover_ring_tree(n, link):
+    """Message size where a ring all-reduce and a binomial-tree all-reduce take equal time
+    on one link (L = ceil(log2 n) levels):
+    2(n-1) alpha + 2(n-1)/n S/beta = 2L (alpha + S/beta)  ->  S = (n-1-L) alpha beta / (L - (n-1)/n).
+    Below it the tree's fewer steps win; above it the ring's smaller volume."""
+    levels = math.ceil(math.log2(n))
+    return (n - 1 - levels) * link.alpha * link.beta / (levels - (n - 1) / n)

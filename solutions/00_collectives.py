@@ -21,7 +21,7 @@ import numpy as np
 import matplotlib.pyplot as plt
 
 from emulator import DeadlockError, P2POp, World, Topology, collectives as C, viz
-from emulator.cost import collective_time, busbw, algbw, crossover_bytes, calibration_table, BUS_FACTOR
+from emulator.cost import collective_time, busbw, algbw, crossover_bytes, crossover_ring_tree, calibration_table, BUS_FACTOR
 from emulator.network import Network
 from emulator.topology import NVLINK_H100, INFINIBAND_NDR, H100_BF16_FLOPS
 from emulator.grading import lesson00 as grade
@@ -86,21 +86,24 @@ for what, nv, ib in (("datasheet", NVLINK_H100.line_rate, INFINIBAND_NDR.line_ra
     print(f"{what:17s}: NVLink {nv / 1e9:.0f} GB/s vs one NIC {ib / 1e9:.0f} GB/s, per direction: {nv / ib:.1f}x")
 
 # %% [markdown]
-# The emulator charges each message by the link it crosses. Here is the same all-reduce
-# of 64 MiB per GPU on 8 GPUs, first in one node, then on two nodes of 4. With one ring
-# (one *channel*), every step waits for the single hop between the nodes, through one
-# NIC. NCCL runs several rings (channels) at once, each leaving the node through a
-# different GPU and its own NIC, so the nodes' NICs share the crossing traffic.
+# The emulator charges each message on the link it crosses. Here is the same all-reduce of
+# 64 MiB per GPU on 16 GPUs: first all in one node of 16 (no such H100 node exists; it
+# shows NVLink alone), then on two nodes of 8 with one ring (one *channel*): every step
+# waits for the hop between the nodes, through one GPU's NIC. NCCL runs several rings
+# (channels) at once; each enters and leaves a node through a different GPU and so through
+# its own NIC, and the 8 NICs of a node share the crossing traffic. The last column is the
+# bus bandwidth (defined in section 6; compare it with a link's bandwidth).
 
 # %%
 x = np.ones(16 * 2**20, dtype=np.float32)  # 64 MiB per rank
-for per_node, channels in ((8, None), (4, 1), (4, None)):
-    world = World(8, topology=Topology(gpus_per_node=per_node))
+for per_node, channels in ((16, None), (8, 1), (8, None)):
+    world = World(16, topology=Topology(gpus_per_node=per_node))
     world.run(lambda comm: comm.all_reduce(x, channels=channels))
     t = max(world.stats().time)
     used = channels or world.topology.channels
-    print(f"8 GPUs, {per_node} per node, {used} channel{'s' * (used > 1)}: {t * 1e3:7.3f} ms simulated, "
-          f"NIC bytes sent {sum(world.stats().bytes_sent_by_link['nic']) / 2**20:6.1f} MiB")
+    nic_senders = sum(1 for b in world.stats().bytes_sent_by_link["nic"] if b)
+    print(f"{16 // per_node} node(s), {used} channel{'s' * (used > 1)}: {t * 1e3:6.3f} ms, {nic_senders:2d} NICs sending, "
+          f"busbw {busbw('all_reduce', x.nbytes, 16, t) / 1e9:5.0f} GB/s")
 
 # %% [markdown]
 # ## 3. Three collectives
@@ -335,7 +338,13 @@ grade.check_spmd_ring_all_reduce(spmd_ring_all_reduce)
 #
 # Small messages are **latency-bound** (the $\alpha$ terms rule, and the tree's fewer steps
 # win); large ones are **bandwidth-bound** (the ring's $2(n-1)/n < 2$ beats the tree's
-# $2\log_2 n$). The emulator's clock follows exactly these formulas:
+# $2\log_2 n$). Two sizes mark the change, and they are not the same: where the ring's
+# two terms are equal ($S = n\alpha\beta$, Napkin 0.3), and, smaller, where the ring and
+# the tree take equal time ($S = (n-1-L)\,\alpha\beta / (L - (n-1)/n)$ with
+# $L = \lceil\log_2 n\rceil$). The tree here is the textbook *binomial* tree, each level
+# waiting for the whole buffer. NCCL's tree is a *double binary* tree, pipelined in small
+# pieces, whose bandwidth term comes close to the ring's; it is what NCCL picks for small
+# messages and across many nodes. The emulator's clock follows these formulas exactly:
 
 # %%
 node = Topology(gpus_per_node=8)
@@ -348,7 +357,8 @@ for alg in ("ring", "tree"):  # check the formulas against the emulator's simula
     assert np.isclose(max(w.stats().time), collective_time("all_reduce", 2**18, 8, node, alg))
 fig, ax = plt.subplots(figsize=(6.5, 3.2))
 ax.loglog(sizes, np.array(ring) * 1e6, label="ring")
-ax.loglog(sizes, np.array(tree) * 1e6, label="tree")
+ax.loglog(sizes, np.array(tree) * 1e6, label="binomial tree")
+ax.axvline(crossover_ring_tree(8, NVLINK_H100), color="black", ls="--", lw=1, label="ring = tree")
 ax.axvline(crossover_bytes(8, NVLINK_H100), color="grey", ls=":", label="ring: latency = bandwidth term")
 ax.set_xlabel("bytes per rank")
 ax.set_ylabel("all-reduce time (us)")
@@ -361,7 +371,9 @@ plt.show()
 #
 # NVIDIA's nccl-tests print two numbers per size. **algbw** $= S/t$ is the naive rate.
 # **busbw** multiplies it by how much each rank must really move per byte of result:
-# $2(n-1)/n$ for all-reduce, $(n-1)/n$ for reduce-scatter and all-gather. Bus bandwidth is
+# $2(n-1)/n$ for all-reduce, $(n-1)/n$ for reduce-scatter and all-gather. $S$ is always
+# the whole buffer: the per-rank buffer of an all-reduce, the *input* of a reduce-scatter
+# and the *output* of an all-gather (each rank's piece is $S/n$). Bus bandwidth is
 # what you compare with the link: on an 8-GPU H100 node a ring saturates near 370 GB/s for
 # large messages (out of the 450 GB/s NVLink line rate each way; with NVLink SHARP, which
 # reduces inside the switch, nccl-tests reports about 480). Across nodes with one NDR NIC
@@ -425,56 +437,63 @@ plt.show()
 #
 # Use the model and the numbers above (NVLink: $\alpha$ = 2 µs, $\beta$ = 370 GB/s;
 # InfiniBand NDR: $\alpha$ = 5 µs, $\beta$ = 48 GB/s per NIC, as NCCL achieves them). Each
-# function returns your answer; the check compares it with the model (2% tolerance).
+# answer is a function of the problem's numbers; the check calls it with the numbers of
+# the problem and with others, and compares with the model (2% tolerance).
 #
-# **Napkin 0.1** — a 7.5B-parameter model keeps bf16 gradients. Data parallelism over 64
-# GPUs in 8 nodes all-reduces them once per step with one flat ring (one channel). How
-# long does that take, and which link sets the pace (`"NVLink"` or `"InfiniBand"`)?
+# **Napkin 0.1** — a model of `n_params` parameters keeps bf16 gradients. Data parallelism
+# over `n_gpus` GPUs, `gpus_per_node` per node (one NIC per GPU), all-reduces them once per
+# step. How long does that take (a) with one flat ring, one channel, and (b) with a
+# channel per NIC, as NCCL does? Which link sets the pace (`"NVLink"` or `"InfiniBand"`)?
+# Hint for (b): each channel's ring leaves a node through a different GPU, so in every step
+# each NIC carries one channel's piece, $S/(n \cdot g)$ for $g$ channels, while NVLink
+# carries the other $g-1$ pieces; the step lasts as long as the slower of the two.
 
 # %%
-def napkin_gradient_all_reduce():
-    ### BEGIN SOLUTION: Napkin 0.1: gradient all-reduce time and its slow link
-    S, n = 7.5e9 * 2, 64
-    seconds = 2 * (n - 1) * INFINIBAND_NDR.alpha + 2 * (n - 1) / n * S / INFINIBAND_NDR.beta
-    return seconds, "InfiniBand"
+def napkin_gradient_all_reduce(n_params=7.5e9, n_gpus=64, gpus_per_node=8):
+    ### BEGIN SOLUTION: Napkin 0.1: gradient all-reduce time, one NIC or all of them
+    S, n, g = 2 * n_params, n_gpus, gpus_per_node
+    ib, nv = INFINIBAND_NDR, NVLINK_H100
+    flat = 2 * (n - 1) * (ib.alpha + S / n / ib.beta)
+    piece = S / (n * g)
+    step = max(ib.alpha + piece / ib.beta, nv.alpha + (g - 1) * piece / nv.beta)
+    return flat, 2 * (n - 1) * step, "InfiniBand"
     ### END SOLUTION
 
 
 # %% tags=["check"]
-grade.napkin_gradient_all_reduce(*napkin_gradient_all_reduce())
+grade.napkin_gradient_all_reduce(napkin_gradient_all_reduce)
 
 
 # %% [markdown]
-# **Napkin 0.2** — nccl-tests ran `all_reduce_perf` on 8 GPUs; for 1 GB per rank it
-# measured 4.73 ms. What bus bandwidth does it print, in GB/s?
+# **Napkin 0.2** — nccl-tests ran `all_reduce_perf` on `n` GPUs; for `nbytes` per rank it
+# measured `seconds`. What bus bandwidth does it print, in GB/s?
 
 # %%
-def napkin_bus_bandwidth():
+def napkin_bus_bandwidth(n=8, nbytes=1e9, seconds=4.73e-3):
     ### BEGIN SOLUTION: Napkin 0.2: bus bandwidth from a measured time
-    n, S, t = 8, 1e9, 4.73e-3
-    return S / t * 2 * (n - 1) / n / 1e9
+    return nbytes / seconds * 2 * (n - 1) / n / 1e9
     ### END SOLUTION
 
 
 # %% tags=["check"]
-grade.napkin_bus_bandwidth(napkin_bus_bandwidth())
+grade.napkin_bus_bandwidth(napkin_bus_bandwidth)
 
 
 # %% [markdown]
-# **Napkin 0.3** — below what message size (bytes per rank) does a ring all-reduce on
-# 8 NVLink GPUs spend more time on latency than on bandwidth?
+# **Napkin 0.3** — below what message size (bytes per rank) does a ring all-reduce on `n`
+# GPUs of one node, over a link of latency `alpha` and bandwidth `beta`, spend more time
+# on latency than on bandwidth?
 
 # %%
-def napkin_crossover():
+def napkin_crossover(n=8, alpha=2e-6, beta=370e9):
     ### BEGIN SOLUTION: Napkin 0.3: latency-bandwidth crossover
-    n = 8
     # 2(n-1) alpha = 2(n-1)/n * S / beta
-    return n * NVLINK_H100.alpha * NVLINK_H100.beta
+    return n * alpha * beta
     ### END SOLUTION
 
 
 # %% tags=["check"]
-grade.napkin_crossover(napkin_crossover())
+grade.napkin_crossover(napkin_crossover)
 
 # %% [markdown]
 # ## 8. On real GPUs
