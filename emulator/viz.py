@@ -59,6 +59,37 @@ def gantt(timeline, ax=None, title=None, unit="ms", label_events=True, figsize=N
     return fig
 
 
+KIND_COLORS = {"params": "#4C72B0", "grads": "#55A868", "optimizer": "#C44E52", "activations": "#8172B2",
+               "buffers": "#CCB974"}
+
+
+def memory_over_time(ledger, ax=None, title=None, unit="us", scale_bytes=1e3, label="kB"):
+    """What one rank holds over simulated time, stacked by kind (``world.memory[r]``),
+    with the true peak marked and its breakdown at that moment in the legend."""
+    from .memory import KINDS
+
+    times, by_kind = ledger.history_by_kind()
+    t = times * {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
+    fig, ax = _axes(ax, (7.5, 2.8))
+    layers = [by_kind[k] / scale_bytes for k in KINDS]
+    peak = ledger.peak_breakdown
+    labels = [f"{k} ({peak[k] / scale_bytes:,.1f} at peak)" for k in KINDS]
+    ax.stackplot(t, *layers, step="post", labels=labels, colors=[KIND_COLORS[k] for k in KINDS], alpha=0.9)
+    top = ledger.peak / scale_bytes
+    t_peak = ledger.peak_time * {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
+    ax.plot([t_peak], [top], "v", color="black", ms=6)
+    ax.annotate(f"peak {top:,.1f} {label}", (t_peak, top), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xlabel(f"simulated time ({unit})")
+    ax.set_ylabel(f"{label} held")
+    ax.set_ylim(0, top * 1.18 if top else 1)
+    ax.set_xlim(t[0], max(t[-1], 1e-12))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def ring_step(step, ax=None, title=None):
     """One step of a ring collective as a grid: a row per rank, a column per chunk. A cell's
     shade is how many ranks' inputs it already contains (dark = complete); arrows mark the

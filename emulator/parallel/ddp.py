@@ -1,13 +1,15 @@
 """DDP: every rank holds everything; gradients are averaged with all-reduce, in buckets,
 while backward still runs (Li et al., "PyTorch Distributed", VLDB 2020).
 
-Backward produces gradients last layer first. DDP collects them in buckets of about
-``bucket_bytes`` (whole layers, in backward order; None: one bucket per layer) and starts
-an asynchronous all-reduce as soon as a bucket is full, so the reduction of late layers
-travels while earlier layers are still computing. ``step`` waits for every bucket,
-divides by the group size and updates all parameters. With several micro-batches the
-gradients accumulate locally and only the last micro-batch reduces (``no_sync``).
-Traffic per step: one all-reduce of the gradients, 2(n-1)/n x their bytes per rank.
+Backward produces gradients last layer first. DDP lays the gradient tensors, in that
+order, into buckets of about ``bucket_bytes`` (None: one bucket per layer) and starts an
+asynchronous all-reduce of a bucket as soon as its last tensor is ready, so the reduction
+of late layers travels while earlier layers still compute. ``step`` waits for every
+bucket, divides by the group size and updates all parameters. With several micro-batches
+the gradients accumulate in the buckets and only the last micro-batch reduces
+(``no_sync``). Traffic per step: one all-reduce of the gradients, 2(n-1)/n x their bytes
+per rank, in as many calls as there are buckets: small buckets pay the latency of many
+calls, one big bucket cannot start before backward ends.
 """
 
 import numpy as np
@@ -24,42 +26,50 @@ class DDP(DataParallelStrategy):
         self.state = opt.init(params)
         self.memory.hold("optimizer", self.state, "optimizer")
         self.buckets = self._plan_buckets(bucket_bytes)
-        self.where = {name: (i, off) for i, (names, offs) in enumerate(self.buckets) for name, off in zip(names, offs)}
         self.flat = {}  # bucket index -> its gradients, flat (torch's grads are views of it)
         self.pending = {}  # bucket index -> handle of its all-reduce
 
     def _plan_buckets(self, bucket_bytes):
-        """Layers in backward order, grouped into buckets of at least ``bucket_bytes``:
-        a list of (layer names, their offsets in the bucket)."""
-        buckets, names, offsets, size, nbytes = [], [], [], 0, 0
+        """The gradient tensors in backward order, cut into buckets of at least
+        ``bucket_bytes``: a list of buckets, each a list of (layer, key, offset, size)."""
+        buckets, current, size, nbytes = [], [], 0, 0
         for name in reversed(self.names):
-            names.append(name)
-            offsets.append(size)
-            size += self.layouts[name].size
-            nbytes += sum(v.nbytes for v in self.full[name].values())
-            if bucket_bytes is None or nbytes >= bucket_bytes or name == self.names[0]:
-                buckets.append((names, offsets + [size]))
-                names, offsets, size, nbytes = [], [], 0, 0
+            lay = self.layouts[name]
+            for key, shape in zip(lay.names, lay.shapes):
+                numel = int(np.prod(shape))
+                current.append((name, key, size, numel))
+                size += numel
+                nbytes += numel * self.full[name][key].itemsize
+                if bucket_bytes is not None and nbytes >= bucket_bytes:
+                    buckets.append(current)
+                    current, size, nbytes = [], 0, 0
+            if bucket_bytes is None and current:
+                buckets.append(current)
+                current, size, nbytes = [], 0, 0
+        if current:
+            buckets.append(current)
         return buckets
 
     def grads_ready(self, name, grads, last):
-        i, off = self.where[name]
-        names, offsets = self.buckets[i]
-        if i not in self.flat:  # the bucket's storage, allocated by its first gradient
-            dtype = next(iter(grads.values())).dtype
-            self.flat[i] = self.memory.hold(f"grads:bucket{i}", np.zeros(offsets[-1], dtype), "grads")
-        lay = self.layouts[name]
-        self.flat[i][off:off + lay.size] += np.concatenate([grads[k].reshape(-1) for k in lay.names])
-        if last and name == names[-1]:  # the bucket is complete: reduce it while backward goes on
-            self.pending[i] = self.comm.all_reduce(self.flat[i], async_op=True)
+        for i, bucket in enumerate(self.buckets):
+            if not any(layer == name for layer, *_ in bucket):
+                continue
+            if i not in self.flat:  # the bucket's storage, allocated by its first gradient
+                dtype = next(iter(grads.values())).dtype
+                size = bucket[-1][2] + bucket[-1][3]
+                self.flat[i] = self.memory.hold(f"grads:bucket{i}", np.zeros(size, dtype), "grads")
+            for layer, key, off, numel in bucket:
+                if layer == name:
+                    self.flat[i][off:off + numel] += grads[key].reshape(-1)
+            if last and bucket[-1][0] == name:  # complete: reduce it while backward goes on
+                self.pending[i] = self.comm.all_reduce(self.flat[i], async_op=True)
 
     def step(self):
         mean = {}
-        for i, (names, offsets) in enumerate(self.buckets):
+        for i, bucket in enumerate(self.buckets):
             reduced = self.pending.pop(i).wait() / self.comm.size
-            for name, off in zip(names, offsets):
-                grads = self.layouts[name].unflatten(reduced[off:off + self.layouts[name].size])
-                mean.update({f"{name}.{k}": v for k, v in grads.items()})
+            for layer, key, off, numel in bucket:
+                mean[f"{layer}.{key}"] = reduced[off:off + numel].reshape(self.full[layer][key].shape)
             self.memory.release(f"grads:bucket{i}")
             del self.flat[i]
         new, self.state = self.opt.step(self.params(), mean, self.state)
