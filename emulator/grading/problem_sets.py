@@ -1,0 +1,122 @@
+"""Per-student variants of the napkin problems and Problem 8.1, and their model answers.
+
+Each student gets the same problems with other numbers, drawn from their id (so a sheet
+can be made again and graded later without storing anything). The model answers are the
+functions the notebook checks compare with. ``tools/problem_set.py`` writes the sheets
+and grades answer files.
+"""
+
+import hashlib
+
+import numpy as np
+
+from ..accounting import zero_bytes_per_gpu
+from ..cost import busbw, collective_time, crossover_bytes
+from ..topology import Link, Topology
+
+TOLERANCE = 0.02
+
+
+def _rng(student, problem):
+    seed = int.from_bytes(hashlib.sha256(f"{student}/{problem}".encode()).digest()[:8], "little")
+    return np.random.default_rng(seed)
+
+
+def _pick(rng, options):
+    return options[int(rng.integers(len(options)))]
+
+
+def napkin_0_1(rng):
+    n_params = _pick(rng, [1.3e9, 7.5e9, 13e9, 34e9, 70e9])
+    nodes = _pick(rng, [2, 4, 8, 16])
+    return {"n_params": n_params, "n_gpus": 8 * nodes, "gpus_per_node": 8}
+
+
+def napkin_0_2(rng):
+    n = _pick(rng, [4, 8, 16, 32])
+    nbytes = _pick(rng, [256e6, 512e6, 1e9, 2e9])
+    target = float(rng.uniform(300e9, 380e9))  # a plausible bus bandwidth, in bytes/s
+    seconds = float(np.round(nbytes * 2 * (n - 1) / n / target, 6))
+    return {"n": n, "nbytes": nbytes, "seconds": seconds}
+
+
+def napkin_0_3(rng):
+    return {"n": _pick(rng, [4, 8, 16]), "alpha": _pick(rng, [1e-6, 2e-6, 3e-6, 5e-6]),
+            "beta": _pick(rng, [150e9, 300e9, 370e9, 450e9])}
+
+
+def problem_8_1(rng):
+    return {"n_params": _pick(rng, [7e9, 13e9, 30e9, 70e9, 175e9]), "dp_size": _pick(rng, [8, 16, 32, 64, 128]),
+            "gpu_gb": _pick(rng, [40, 80, 141])}
+
+
+PROBLEMS = {
+    "Napkin 0.1": (napkin_0_1, "A model of {n_params:g} parameters keeps bf16 gradients. Data parallelism over "
+                               "{n_gpus} GPUs, {gpus_per_node} per node (one 400G NIC per GPU), all-reduces them "
+                               "once per step. Seconds with one flat ring (one channel), and with a channel per "
+                               "NIC? Answer: [flat seconds, channels seconds]."),
+    "Napkin 0.2": (napkin_0_2, "nccl-tests ran all_reduce_perf on {n} GPUs; for {nbytes:g} bytes per rank it "
+                               "measured {seconds:g} s. What bus bandwidth does it print, in GB/s?"),
+    "Napkin 0.3": (napkin_0_3, "Below what message size (bytes per rank) does a ring all-reduce on {n} GPUs of one "
+                               "node, over a link of alpha = {alpha:g} s and beta = {beta:g} bytes/s, spend more "
+                               "time on latency than on bandwidth?"),
+    "Problem 8.1": (problem_8_1, "A model of {n_params:g} parameters trains with 16 bytes per parameter (bf16 "
+                                 "parameters and gradients, fp32 master weights and Adam moments) on {dp_size} GPUs. "
+                                 "GB per GPU (1 GB = 1e9 bytes) for parameters, gradients and optimizer state under "
+                                 "ZeRO stages 0 to 3, and which stages fit in {gpu_gb} GB? Answer: "
+                                 "{{\"0\": [params, grads, optimizer], ..., \"3\": [...], \"fits\": [stages]}}."),
+}
+
+
+def variant(student, problem):
+    """The numbers of ``problem`` for ``student``."""
+    return PROBLEMS[problem][0](_rng(student, problem))
+
+
+def statement(student, problem):
+    return PROBLEMS[problem][1].format(**variant(student, problem))
+
+
+def model_answer(problem, p):
+    if problem == "Napkin 0.1":
+        topo = Topology(gpus_per_node=p["gpus_per_node"])
+        return [collective_time("all_reduce", 2 * p["n_params"], p["n_gpus"], topo, channels=c) for c in (1, None)]
+    if problem == "Napkin 0.2":
+        return busbw("all_reduce", p["nbytes"], p["n"], p["seconds"]) / 1e9
+    if problem == "Napkin 0.3":
+        return crossover_bytes(p["n"], Link("link", p["alpha"], p["beta"]))
+    parts = {z: zero_bytes_per_gpu(p["n_params"], p["dp_size"], z) for z in range(4)}
+    answer = {str(z): [b.params / 1e9, b.grads / 1e9, b.optimizer / 1e9] for z, b in parts.items()}
+    answer["fits"] = [z for z, b in parts.items() if b / 1e9 <= p["gpu_gb"]]
+    return answer
+
+
+def _close(got, want):
+    try:
+        return abs(float(got) - want) <= TOLERANCE * abs(want)
+    except (TypeError, ValueError):
+        return False
+
+
+def grade_answer(problem, p, answer):
+    """(right?, what is wrong) for one student's answer to ``problem`` with numbers ``p``."""
+    want = model_answer(problem, p)
+    if problem == "Problem 8.1":
+        if not isinstance(answer, dict):
+            return False, "expected a dict {stage: [params, grads, optimizer], 'fits': [...]}"
+        for z in range(4):
+            got = answer.get(str(z), answer.get(z))
+            if not (isinstance(got, (list, tuple)) and len(got) == 3):
+                return False, f"stage {z}: expected three numbers"
+            for what, g, w in zip(("params", "grads", "optimizer"), got, want[str(z)]):
+                if not _close(g, w):
+                    return False, f"stage {z} {what}: {g} GB is off by more than {TOLERANCE:.0%}"
+        if sorted(answer.get("fits", [])) != want["fits"]:
+            return False, f"the stages that fit are not {sorted(answer.get('fits', []))}"
+        return True, ""
+    if isinstance(want, list):
+        if not (isinstance(answer, (list, tuple)) and len(answer) == len(want)):
+            return False, f"expected {len(want)} numbers"
+        bad = [i for i, (g, w) in enumerate(zip(answer, want)) if not _close(g, w)]
+        return (not bad), (f"answer {bad[0] + 1} is off by more than {TOLERANCE:.0%}" if bad else "")
+    return (_close(answer, want), "" if _close(answer, want) else f"{answer} is off by more than {TOLERANCE:.0%}")
