@@ -33,8 +33,10 @@ from emulator.topology import Topology
 
 def parse():
     ap = base_parser(__doc__)
-    ap.add_argument("--sizes", default="1e3,1e5,1e7", help="bytes per rank, comma separated (default 1e3,1e5,1e7)")
-    ap.add_argument("--iters", type=int, default=10, help="timed iterations per size (median reported)")
+    ap.add_argument("--sizes", default=None,
+                    help="bytes per rank, comma separated (default: 1e3,1e5,1e7 on CPU; up to 1 GB on GPUs, "
+                         "where the bandwidth regime starts above a few hundred MB)")
+    ap.add_argument("--iters", type=int, default=20, help="calls per size, timed back to back (nccl-tests' way)")
     ap.add_argument("--gpus-per-node", type=int, default=8, help="topology for the model's prediction")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--self-test-fault", action="store_true",
@@ -67,7 +69,8 @@ def main():
     rank, n, device = init(args.backend)
     dtype = getattr(torch, args.dtype)
     topo = Topology(gpus_per_node=args.gpus_per_node)
-    sizes = [int(float(s)) for s in args.sizes.split(",")]
+    default = "1e3,1e5,1e7,2.56e8,1e9" if device.type == "cuda" else "1e3,1e5,1e7"
+    sizes = [int(float(s)) for s in (args.sizes or default).split(",")]
     say(f"# {n} ranks, backend {dist.get_backend()}, device {device.type}, {args.dtype}; "
         f"model: {args.gpus_per_node} GPUs per node, NVLink {topo.nvlink.beta / 1e9:.0f} GB/s, "
         f"a {topo.nic.beta / 1e9:.0f} GB/s NIC per GPU, {topo.channels} channels")

@@ -69,21 +69,30 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def timed(fn, device, iters, warmup=2):
-    """Median seconds of ``fn()`` over ``iters`` runs, the slowest rank's view."""
+def timed(fn, device, iters, warmup=5):
+    """Seconds per call of ``fn()``, as nccl-tests measures: ``iters`` calls back to back
+    after a barrier, timed as a whole (CUDA events on a GPU, so launch and synchronisation
+    are not counted once per call), divided by ``iters``; the slowest rank's figure."""
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(iters):
-        dist.barrier()
-        sync(device)
+    dist.barrier()
+    sync(device)
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        seconds = start.elapsed_time(end) / 1e3 / iters
+    else:
         t = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t)
-    med = torch.tensor(sorted(times)[len(times) // 2], dtype=torch.float64, device=device)
-    dist.all_reduce(med, op=dist.ReduceOp.MAX)
-    return float(med)
+        for _ in range(iters):
+            fn()
+        seconds = (time.perf_counter() - t) / iters
+    worst = torch.tensor(seconds, dtype=torch.float64, device=device)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return float(worst)
 
 
 def say(*args):
@@ -92,9 +101,17 @@ def say(*args):
 
 
 def fail(message):
+    """Report and stop at once. The process group is aborted, not shut down politely, so
+    ranks on other nodes that wait in a collective fail now instead of sitting out NCCL's
+    watchdog timeout (torchrun then stops the rest)."""
     rank = dist.get_rank() if dist.is_initialized() else os.environ.get("RANK", "?")
     print(f"FAILED on rank {rank}: {message}", file=sys.stderr, flush=True)
-    sys.exit(1)
+    if dist.is_initialized():
+        try:
+            dist.distributed_c10d._abort_process_group()
+        except Exception:  # noqa: BLE001 -- aborting is best effort; the exit below is what matters
+            pass
+    os._exit(1)
 
 
 def finish():

@@ -1,2 +1,8 @@
-"""Torch pieces the GPU labs share: data parallelism written by hand (``data_parallel``),
-the same algorithms as ``emulator.parallel`` on ``torch.distributed``."""
+"""Torch pieces the GPU labs share, reusable on other models.
+
+* ``ddp.DDP``: data parallelism for any module, bucketed all-reduces overlapped with
+  backward, tied weights reduced once, frozen parameters skipped.
+* ``sharded_optimizer.ShardedOptimizer``: ZeRO-1 over any ``torch.optim`` optimizer.
+* ``data_parallel``: the course GPT's DDP and ZeRO-1/2/3 written call for call as
+  ``emulator.parallel`` runs them (lab 01 compares the traces).
+"""

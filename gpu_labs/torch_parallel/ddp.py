@@ -1,0 +1,77 @@
+"""DDP by hand for any torch module: gradients averaged by bucketed all-reduces that start
+while backward is still running (what ``torch.nn.parallel.DistributedDataParallel`` does,
+in a page).
+
+    model = DDP(module, bucket_size_mb=25)
+    loss_fn(model(x), y).backward()
+    model.finish_gradient_synchronization()   # wait for the last buckets
+    optimizer.step()
+
+* At construction rank 0's parameters and buffers are broadcast, so every rank starts equal.
+* The parameters that require a gradient are laid, in reverse order of
+  ``module.parameters()`` (the order backward tends to produce them), into buckets of
+  about ``bucket_size_mb`` (None: one bucket per parameter). A parameter shared by two
+  modules (tied weights) appears once in ``parameters()`` and is reduced once; a frozen
+  one (``requires_grad=False``) is skipped.
+* A hook on every parameter counts the gradients a bucket still waits for; the last one
+  flattens the bucket and starts its all-reduce asynchronously.
+* ``finish_gradient_synchronization`` waits for every bucket, divides by the group size
+  and writes the averages back into ``.grad``.
+"""
+
+import torch
+import torch.distributed as dist
+
+
+class DDP(torch.nn.Module):
+    def __init__(self, module, bucket_size_mb=None, group=None):
+        super().__init__()
+        self.module, self.group = module, group
+        self.size = dist.get_world_size(group)
+        with torch.no_grad():
+            for t in list(module.parameters()) + list(module.buffers()):
+                dist.broadcast(t, src=dist.get_global_rank(group, 0) if group else 0, group=group)
+        params = [p for p in module.parameters() if p.requires_grad]
+        self.buckets = self._buckets(list(reversed(params)), bucket_size_mb)
+        self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
+        self._waiting = [len(b) for b in self.buckets]
+        self._works = {}
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._ready)
+
+    @staticmethod
+    def _buckets(params, bucket_size_mb):
+        if bucket_size_mb is None:
+            return [[p] for p in params]
+        limit, buckets, current, size = bucket_size_mb * 2**20, [], [], 0
+        for p in params:
+            current.append(p)
+            size += p.numel() * p.element_size()
+            if size >= limit:
+                buckets.append(current)
+                current, size = [], 0
+        return buckets + ([current] if current else [])
+
+    def _ready(self, p):
+        i = self._bucket_of[id(p)]
+        self._waiting[i] -= 1
+        if self._waiting[i] == 0:  # the bucket's last gradient: reduce it while backward goes on
+            flat = torch.cat([q.grad.reshape(-1) for q in self.buckets[i]])
+            self._works[i] = (dist.all_reduce(flat, group=self.group, async_op=True), flat)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def finish_gradient_synchronization(self):
+        for i, (work, flat) in sorted(self._works.items()):
+            work.wait()
+            flat /= self.size
+            offset = 0
+            for p in self.buckets[i]:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+                offset += p.numel()
+        missing = [i for i in range(len(self.buckets)) if i not in self._works]
+        self._works, self._waiting = {}, [len(b) for b in self.buckets]
+        if missing:
+            raise RuntimeError(f"DDP: buckets {missing} never got all their gradients: did backward run, and "
+                               f"does every parameter that requires a gradient take part in the loss?")

@@ -1,0 +1,139 @@
+"""gpu_labs/torch_parallel: DDP and ShardedOptimizer on models other than the course GPT
+(a toy MLP; a model with tied weights, a frozen parameter and a buffer), with gloo on the
+CPU, against single-process training."""
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+class Tied(torch.nn.Module):
+    """Embedding and output share a weight; a frozen projection; a buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 8)
+        self.frozen = torch.nn.Linear(8, 8)
+        self.frozen.requires_grad_(False)
+        self.mid = torch.nn.Linear(8, 8)
+        self.out = torch.nn.Linear(8, 10, bias=False)
+        self.out.weight = self.emb.weight  # tied
+        self.register_buffer("scale", torch.tensor(1.0))
+
+    def forward(self, idx):
+        return self.out(torch.tanh(self.mid(self.frozen(self.emb(idx)))) * self.scale)
+
+
+def make(kind, seed):
+    torch.manual_seed(seed)
+    if kind == "mlp":
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).double()
+    return Tied().double()
+
+
+def data(kind, steps=3, batch=8):
+    g = torch.Generator().manual_seed(7)
+    if kind == "mlp":
+        return [(torch.randn(batch, 8, generator=g, dtype=torch.float64), torch.randn(batch, 4, generator=g,
+                                                                                      dtype=torch.float64))
+                for _ in range(steps)]
+    return [(torch.randint(0, 10, (batch, 5), generator=g), torch.randint(0, 10, (batch, 5), generator=g))
+            for _ in range(steps)]
+
+
+def loss_of(kind, model, x, y):
+    out = model(x)
+    if kind == "mlp":
+        return torch.nn.functional.mse_loss(out, y)
+    return torch.nn.functional.cross_entropy(out.reshape(-1, 10), y.reshape(-1))
+
+
+def reference(kind, opt_cls, **kw):
+    model = make(kind, 0)
+    opt = opt_cls(model.parameters(), **kw)
+    for x, y in data(kind):
+        opt.zero_grad()
+        loss_of(kind, model, x, y).backward()
+        opt.step()
+    return model
+
+
+def worker(rank, n, port, queue):
+    sys.path.insert(0, str(ROOT / "gpu_labs"))
+    import torch.distributed as dist
+    from torch_parallel.ddp import DDP
+    from torch_parallel.sharded_optimizer import ShardedOptimizer
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    out = {}
+    cases = [("mlp", None, "adamw"), ("mlp", 1e-9, "sharded adamw"), ("tied", None, "sharded adamw"),
+             ("tied", 100, "sharded sgd, groups added later")]
+    for kind, bucket, how in cases:
+        module = make(kind, seed=rank)  # different on every rank: DDP must broadcast rank 0's
+        if kind == "tied":
+            module.scale.fill_(1.0 + rank)
+        model = DDP(module, bucket_size_mb=bucket)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if how == "adamw":
+            opt = torch.optim.AdamW(params, lr=1e-2)
+        elif how == "sharded adamw":
+            opt = ShardedOptimizer(params, torch.optim.AdamW, lr=1e-2)
+        else:
+            opt = ShardedOptimizer(params[:1], torch.optim.SGD, lr=0.1, momentum=0.9)
+            opt.add_param_group({"params": params[1:]})
+        for x, y in data(kind):
+            b = len(x) // n
+            opt.zero_grad()
+            loss_of(kind, model, x[rank * b:(rank + 1) * b], y[rank * b:(rank + 1) * b]).backward()
+            model.finish_gradient_synchronization()
+            opt.step()
+        ref = reference(kind, torch.optim.AdamW if "adamw" in how else torch.optim.SGD,
+                        **({"lr": 1e-2} if "adamw" in how else {"lr": 0.1, "momentum": 0.9}))
+        err = max(float((a - b).abs().max()) for a, b in zip(model.module.state_dict().values(),
+                                                             ref.state_dict().values()))
+        state = opt.state_bytes() if isinstance(opt, ShardedOptimizer) else None
+        full = sum(p.numel() * 8 * (2 if "adamw" in how else 1) for p in params)
+        out[(kind, bucket, how)] = (err, state, full, len(model.buckets))
+    queue.put((rank, out))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_ddp_and_sharded_optimizer_train_like_one_process(n):
+    import torch.multiprocessing as mp
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = free_port()
+    procs = [ctx.Process(target=worker, args=(r, n, port, queue)) for r in range(n)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get() for _ in range(n))
+    for p in procs:
+        p.join(timeout=120)
+    for case in results[0]:
+        errs = [results[r][case][0] for r in range(n)]
+        assert max(errs) < 1e-10, (case, errs)  # every rank ends with the single-process parameters
+        state = [results[r][case][1] for r in range(n)]
+        if state[0] is not None:  # ZeRO-1: the state is shared out, not replicated
+            full = results[0][case][2]
+            assert sum(state) == full and max(state) < full, (case, state, full)
+    assert results[0][("mlp", 1e-9, "sharded adamw")][3] == 4  # a bucket per parameter
+    # emb.weight (tied: once), mid.weight, mid.bias; the frozen projection is skipped
+    assert results[0][("tied", None, "sharded adamw")][3] == 3
