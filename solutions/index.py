@@ -34,17 +34,34 @@
 # ```
 #
 # runs the notebook from top to bottom and fails at the first check that does not pass. An
-# untouched lesson fails at its check cells; a correctly filled one passes. Instructors hand
-# out `lessons/`, collect the filled notebooks, and grade them with the same command;
-# `solutions/` is the answer key. Lessons are generated from `solutions/NN_name.py` by
-# `make notebooks`.
+# untouched lesson fails at its check cells; a correctly filled one passes. While a check
+# runs your code, the library's own answer to that exercise refuses to run, and napkin
+# answers are called with other numbers too, so only a real answer passes.
+#
+# Instructors hand out `lessons/` and keep `solutions/` as the answer key. To grade a
+# folder of filled notebooks (each in its own process, with a time limit, so a broken or
+# endless submission cannot stop the others):
+#
+# ```
+# .venv/bin/python -m tools.grade SUBMISSIONS_DIR --report grades.csv
+# ```
+#
+# writes one row per student, PASS or FAIL per check and the first failure's message.
+# Problem sets with different numbers for every student:
+#
+# ```
+# .venv/bin/python -m tools.problem_set make --students alice,bob --out sheets/
+# .venv/bin/python -m tools.problem_set grade ANSWERS_DIR --report grades.csv
+# ```
+#
+# Lessons are generated from `solutions/NN_name.py` by `make notebooks`.
 #
 # ## Lessons
 #
 # | # | lesson | you build | widget | GPU lab |
 # |---|---|---|---|---|
-# | 00 | [Collectives](00_collectives.ipynb) | ring reduce-scatter, all-gather, all-reduce; alpha-beta cost; bus bandwidth | ring stepper | `gpu_labs/00_collectives.py` |
-# | 01 | [Data parallelism and ZeRO](01_data_parallel.ipynb) | DDP, ZeRO-1, ZeRO-2, ZeRO-3/FSDP on a small GPT; memory and traffic measured | ZeRO memory explorer | `gpu_labs/01_data_parallel.py` |
+# | 00 | [Collectives](00_collectives.ipynb) | ring reduce-scatter, all-gather, all-reduce in the global view and from point-to-point calls; alpha-beta cost; bus bandwidth; channels over NICs | ring stepper | `gpu_labs/00_collectives.py` |
+# | 01 | [Data parallelism and ZeRO](01_data_parallel.ipynb) | DDP with overlapped buckets, ZeRO-2, ZeRO-3 with prefetch, on a small GPT; memory over time and traffic measured | ZeRO memory explorer | `gpu_labs/01_data_parallel.py` |
 # | 02 | Tensor and sequence parallelism *(planned)* | Megatron MLP and attention, f/g operators, sequence parallelism | activation memory explorer | |
 # | 03 | Pipeline parallelism *(planned)* | GPipe, 1F1B, interleaved, zero-bubble schedules | schedule explorer | |
 # | 04 | Context parallelism *(planned)* | ring attention with online softmax | ring attention stepper | |
@@ -78,12 +95,18 @@
 # | **all-reduce** | every rank ends with the elementwise sum (or max, mean) of all ranks' buffers |
 # | **reduce-scatter** | the sum, split in chunks: rank r keeps chunk r |
 # | **all-gather** | every rank ends with every rank's chunk, concatenated in rank order |
-# | **point to point** | `send`/`recv` between two ranks |
+# | **point to point** | `send`/`recv` between two ranks; as on NCCL a send completes only when its receive is posted (a *rendezvous*), so both are often posted together with `batch_isend_irecv` |
+# | **stream** | a queue of work on a GPU: compute on one, each group's communication on its own; `async_op=True` and `wait()` let them overlap |
 # | **alpha, beta** | a message of m bytes costs alpha + m/beta seconds: latency and bandwidth |
 # | **algbw, busbw** | nccl-tests' bandwidths: bytes/time, and that times the op's traffic factor (2(n-1)/n for all-reduce) |
-# | **NVLink, InfiniBand** | the fast link inside a node, the slower one between nodes |
+# | **NVLink, InfiniBand** | the fast link inside a node, the slower one between nodes (one NIC per GPU on H100/H200 clusters) |
+# | **channel** | one of the parallel rings NCCL splits a collective into; each crosses between nodes through a different GPU's NIC |
 # | **data parallelism (DP)** | every rank holds the model, takes a slice of the batch, and sums gradients |
-# | **ZeRO-1/2/3, FSDP** | data parallelism that shards optimizer state (1), also gradients (2), also parameters (3, a.k.a. FSDP) |
+# | **ZeRO-1/2/3, FSDP** | data parallelism that shards optimizer state (1), also gradients (2), also parameters (3, a.k.a. FSDP); `zero_stage` in code |
+# | **bucket** | DDP's unit of gradient reduction: gradients laid together and all-reduced as soon as all exist |
+# | **prefetch** | starting the all-gather of the next layer's parameters while this layer computes (ZeRO-3) |
+# | **gradient accumulation** | several micro-batches' gradients summed before one update |
+# | **activation recomputation** | keeping only a layer's input in forward and recomputing the rest in backward |
 # | **tensor parallelism (TP)** | one layer's matrices split across ranks |
 # | **pipeline parallelism (PP)** | the layer stack cut into stages on different ranks; micro-batches flow through |
 # | **bubble** | time a pipeline stage sits idle |
