@@ -102,17 +102,29 @@ def test_spmd_check_refuses_library_collectives_and_reports_deadlock():
 
 
 def test_spmd_ring_with_non_neighbour_peers_fails():
-    def direct(comm, x):  # reduce-scatter and all-gather by sending straight to the owner
+    """Right sums, right counts and bytes, but chunks go straight to their owners: not a ring."""
+    from emulator import P2POp
+
+    def direct(comm, x):
         n, r = comm.size, comm.rank
         chunks = np.split(x, n)
-        for s in range(1, n):
-            dst, src = (r + s) % n, (r - s) % n
-            buf = np.empty_like(chunks[0])
-            comm.send(chunks[dst], dst) if r < dst else None
-            got = comm.recv(buf, src) if True else None  # noqa: F841 -- deadlocks or not, it is wrong
-        return x
+        for s in range(1, n):  # reduce-scatter: send chunk r+s to its owner r+s, receive mine from r-s
+            buf = np.empty_like(chunks[r])
+            hs = comm.batch_isend_irecv([P2POp(comm.isend, chunks[(r + s) % n], (r + s) % n),
+                                         P2POp(comm.irecv, buf, (r - s) % n)])
+            for h in hs:
+                h.wait()
+            chunks[r] = chunks[r] + buf
+        for s in range(1, n):  # all-gather: send my chunk to r+s, receive r-s's
+            buf = np.empty_like(chunks[r])
+            hs = comm.batch_isend_irecv([P2POp(comm.isend, chunks[r], (r + s) % n),
+                                         P2POp(comm.irecv, buf, (r - s) % n)])
+            for h in hs:
+                h.wait()
+            chunks[(r - s) % n] = buf
+        return np.concatenate(chunks)
 
-    with pytest.raises(CheckFailed):
+    with pytest.raises(CheckFailed, match="a ring only talks to its right neighbour"):
         g.check_spmd_ring_all_reduce(direct)
 
 
