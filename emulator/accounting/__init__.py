@@ -1,8 +1,11 @@
-"""Formulas the lessons compare measurements with, split by idea: ``memory`` (bytes held
-per GPU), ``traffic`` (bytes sent per GPU). ``from emulator.accounting import
-zero_bytes_per_gpu`` keeps working."""
+"""Formulas the lessons compare measurements with, split by idea: ``memory`` (training
+state per GPU, by ZeRO stage), ``activations`` (activation memory of a layer, and the
+bytes TP and PP move), ``traffic`` (bytes sent per GPU by data parallelism).
+``from emulator.accounting import zero_bytes_per_gpu`` keeps working."""
 
+from .activations import activation_bytes_per_layer, activation_terms, pp_bytes_per_boundary, tp_bytes_per_layer
 from .memory import GB, ZeroBytes, check_zero_stage, zero_bytes_per_gpu
 from .traffic import zero_traffic_per_gpu
 
-__all__ = ["GB", "ZeroBytes", "check_zero_stage", "zero_bytes_per_gpu", "zero_traffic_per_gpu"]
+__all__ = ["GB", "ZeroBytes", "check_zero_stage", "zero_bytes_per_gpu", "zero_traffic_per_gpu",
+           "activation_bytes_per_layer", "activation_terms", "tp_bytes_per_layer", "pp_bytes_per_boundary"]

@@ -7,6 +7,17 @@ from .module import Module
 _C = float(np.sqrt(2.0 / np.pi))  # a Python float keeps float32 inputs float32
 
 
+def gelu(x):
+    """The tanh approximation, functional form."""
+    return 0.5 * x * (1 + np.tanh(_C * x * (1 + 0.044715 * x * x)))
+
+
+def gelu_backward(x, dy):
+    """dy * GELU'(x), from the input alone (tanh recomputed)."""
+    t = np.tanh(_C * x * (1 + 0.044715 * x * x))
+    return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _C * (1 + 3 * 0.044715 * x * x))
+
+
 class GELU(Module):
     """y = x/2 * (1 + tanh(c (x + 0.044715 x^3))), c = sqrt(2/pi). No parameters."""
 

@@ -5,6 +5,27 @@ import numpy as np
 from .module import Module, check_last_dim
 
 
+def layer_norm(x, g, b, eps=1e-5):
+    """y = (x - mean) / sqrt(var + eps) * g + b over the last dim (functional form)."""
+    mu = x.mean(axis=-1, keepdims=True)
+    xc = x - mu
+    r = 1.0 / np.sqrt((xc * xc).mean(axis=-1, keepdims=True) + eps)
+    return xc * r * g + b
+
+
+def layer_norm_backward(x, g, dy, eps=1e-5):
+    """(dx, dg, db) from the layer's *input* (the statistics are recomputed, as fused
+    kernels do, so only the input is kept for backward)."""
+    mu = x.mean(axis=-1, keepdims=True)
+    xc = x - mu
+    r = 1.0 / np.sqrt((xc * xc).mean(axis=-1, keepdims=True) + eps)
+    xhat = xc * r
+    dxhat = dy * g
+    dx = r * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+    axes = tuple(range(dy.ndim - 1))
+    return dx, (dy * xhat).sum(axis=axes), dy.sum(axis=axes)
+
+
 class LayerNorm(Module):
     """y = (x - mean) / sqrt(var + eps) * g + b, statistics over the last dim.
 
