@@ -117,6 +117,37 @@ def ring_step(step, ax=None, title=None):
     return fig
 
 
+def megatron_split(t=2, figsize=(9, 2.6)):
+    """The Megatron MLP on t ranks: X replicated, A cut by columns, B by rows (a colour per
+    rank), each rank's partial product, and the all-reduce that sums them."""
+    fig, ax = plt.subplots(figsize=figsize)
+    colors = plt.cm.tab10(np.arange(t))
+
+    def block(x, y, w, h, color, text=None, alpha=0.85):
+        ax.add_patch(plt.Rectangle((x, y), w, h, facecolor=color, edgecolor="white", alpha=alpha))
+        if text:
+            ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=8, color="white")
+
+    block(0, 0.5, 1.2, 2, "#666666", "X\n(b s, h)")
+    ax.text(1.45, 1.5, "x", fontsize=12, va="center")
+    for r in range(t):  # A = [A_1 ... A_t], by columns
+        block(1.8 + r * 2.4 / t, 0.5, 2.4 / t, 2, colors[r], f"A{r + 1}")
+    ax.text(4.45, 1.5, "GELU, then x", fontsize=9, va="center")
+    for r in range(t):  # B = [B_1; ...; B_t], by rows
+        block(6.1, 2.5 - (r + 1) * 2 / t, 1.6, 2 / t, colors[r], f"B{r + 1}")
+    ax.annotate("", xy=(8.6, 1.5), xytext=(7.9, 1.5), arrowprops=dict(arrowstyle="->", lw=1.5))
+    for r in range(t):
+        block(8.8, 2.5 - (r + 1) * 2 / t, 1.2, 2 / t * 0.85, colors[r], f"partial {r + 1}")
+    ax.text(10.2, 1.5, "all-reduce\n(sum)  ->  Z", fontsize=9, va="center")
+    ax.set_title(f"Megatron MLP on {t} ranks: rank r holds A_r (columns of A) and B_r (rows of B) and computes "
+                 f"GELU(X A_r) B_r; one all-reduce sums the partials", fontsize=9)
+    ax.set_xlim(-0.2, 12.2)
+    ax.set_ylim(0.2, 2.8)
+    ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
 def topologies(figsize=(9, 3.4)):
     """A GPU fat tree (NVLink inside a node, InfiniBand leaf and spine switches above)
     beside a TPU 2D torus (neighbour links only, wrapping around)."""

@@ -1,8 +1,10 @@
 """Widgets for the lessons. Each has a model (a pure function: state in, numbers and a
 figure out) apart from its controls, so tests can drive it without a browser."""
 
+from .activation_explorer import ActivationExplorer, activation_explorer_model
 from .common import figure_png
 from .ring_stepper import RingStepper, ring_stepper_model
 from .zero_explorer import ZeroExplorer, zero_explorer_model
 
-__all__ = ["RingStepper", "ring_stepper_model", "ZeroExplorer", "zero_explorer_model", "figure_png"]
+__all__ = ["RingStepper", "ring_stepper_model", "ZeroExplorer", "zero_explorer_model", "ActivationExplorer",
+           "activation_explorer_model", "figure_png"]
