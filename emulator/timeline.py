@@ -26,10 +26,21 @@ class Event:
 class Timeline:
     """Per-rank events from the simulated clocks, ready for a Gantt chart."""
 
-    def __init__(self, events, size):
+    def __init__(self, events, size, ranks=None):
         self.events = sorted(events, key=lambda e: (e.rank, e.stream != "compute", e.stream, e.start, e.end))
         self.size = size  # ranks in the run
+        self.ranks = list(ranks) if ranks is not None else list(range(size))  # their numbers in the world
         self.makespan = max((e.end for e in events), default=0.0)
+
+    def of_ranks(self, ranks):
+        """The timeline of some ranks only (for a readable picture of a large world)."""
+        ranks = list(ranks)
+        index = {r: i for i, r in enumerate(ranks)}
+        events = [Event(index[e.rank], e.stream, e.kind, e.name, e.start, e.end, e.group)
+                  for e in self.events if e.rank in index]
+        out = Timeline(events, len(ranks), [self.ranks[r] for r in ranks])
+        out.makespan = self.makespan
+        return out
 
     def of(self, rank, stream=None, kind=None):
         return [e for e in self.events if e.rank == rank

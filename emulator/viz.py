@@ -29,7 +29,7 @@ def gantt(timeline, ax=None, title=None, unit="ms", label_events=True, figsize=N
     for r in range(timeline.size):
         for stream in timeline.streams(r):
             lanes[(r, stream)] = len(labels)
-            labels.append(f"rank {r}" if stream == "compute" else stream)
+            labels.append(f"rank {timeline.ranks[r]}" if stream == "compute" else stream)
     fig, ax = _axes(ax, figsize or (9, 0.32 * len(labels) + 1.2))
     for e in timeline.events:
         y = lanes[(e.rank, e.stream)]

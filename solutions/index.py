@@ -62,7 +62,7 @@
 # |---|---|---|---|---|
 # | 00 | [Collectives](00_collectives.ipynb) | ring reduce-scatter, all-gather, all-reduce in the global view and from point-to-point calls; alpha-beta cost; bus bandwidth; channels over NICs | ring stepper | `gpu_labs/00_collectives.py` |
 # | 01 | [Data parallelism and ZeRO](01_data_parallel.ipynb) | DDP with overlapped buckets, ZeRO-2, ZeRO-3 with prefetch, on a small GPT; memory over time and traffic measured | ZeRO memory explorer | `gpu_labs/01_data_parallel.py` |
-# | 02 | Tensor and sequence parallelism *(planned)* | Megatron MLP and attention, f/g operators, sequence parallelism | activation memory explorer | |
+# | 02 | [Tensor and sequence parallelism](02_tensor_parallel.ipynb) | Megatron MLP and attention by heads, the f/g operators, sequence-parallel regions and their missing all-reduce, vocabulary-parallel cross-entropy; activation memory measured term by term | activation memory explorer | `gpu_labs/02_tensor_parallel.py` |
 # | 03 | Pipeline parallelism *(planned)* | GPipe, 1F1B, interleaved, zero-bubble schedules | schedule explorer | |
 # | 04 | Context parallelism *(planned)* | ring attention with online softmax | ring attention stepper | |
 # | 05 | Expert parallelism *(planned)* | MoE routing, all-to-all dispatch | routing explorer | |
@@ -108,6 +108,11 @@
 # | **gradient accumulation** | several micro-batches' gradients summed before one update |
 # | **activation recomputation** | keeping only a layer's input in forward and recomputing the rest in backward |
 # | **tensor parallelism (TP)** | one layer's matrices split across ranks |
+# | **column-, row-parallel** | a weight split by output columns (each rank a slice of the output) or by input rows (each rank a partial sum of it) |
+# | **f, g operators** | Megatron's pair around a TP block: f is the identity in forward and an all-reduce in backward; g the other way round |
+# | **sequence parallelism (SP)** | the norms, dropouts and residuals that TP leaves whole, split along the sequence; all-reduces become all-gather + reduce-scatter |
+# | **vocabulary parallelism** | the embedding and output layer split by vocabulary; the loss needs only per-token sums across ranks |
+# | **activation memory** | what a layer keeps from forward for backward: sbh(34 + 5as/h) bytes per layer (Korthikanti et al.) |
 # | **pipeline parallelism (PP)** | the layer stack cut into stages on different ranks; micro-batches flow through |
 # | **bubble** | time a pipeline stage sits idle |
 # | **context parallelism (CP)** | the sequence split across ranks; ring attention passes K/V around |

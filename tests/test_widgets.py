@@ -45,3 +45,20 @@ def test_zero_explorer_model_and_widget():
     w.gpus.value, w.params.value = 16, 70e9
     assert "70 GB per GPU" in w.summary.value and "fits in 80 GB" in w.summary.value
     assert 30e9 not in [v for _, v in w.params.options]  # Problem 8.1's model size is not a preset
+
+
+def test_activation_explorer_model_and_widget():
+    from emulator.accounting import activation_bytes_per_layer
+    from emulator.widgets import ActivationExplorer, activation_explorer_model
+
+    m = activation_explorer_model(4096, 1, 12288, 96, t=8, layers=96, sp=True, recompute="selective")
+    assert m["total"] == 96 * activation_bytes_per_layer(4096, 1, 12288, 96, 8, True, "selective")
+    assert m["measured"] is None and m["fits"] and "20.54 GB" in m["text"]
+    small = activation_explorer_model(128, 1, 64, 4, t=2, layers=12, sp=True)
+    assert small["measured"] == {k: int(v) for k, v in small["terms"].items()}  # the emulator agrees
+    w = ActivationExplorer(s=128, b=1, h=64, a=4, t=2, layers=12)
+    before, image = w.summary.value, w.image.value
+    w.sp.value = True
+    assert w.summary.value != before and w.image.value != image and "measured on the emulator" in w.summary.value
+    w.a.value = 96  # 64 is not divisible by 96 heads: said in the widget, not raised
+    assert "divisible" in w.summary.value

@@ -3,13 +3,13 @@
 See :mod:`emulator.nn.module` for the protocol every layer follows.
 """
 
-from .activations import GELU
+from .activations import GELU, gelu, gelu_backward
 from .adamw import AdamW
 from .attention import Attention
 from .attention_core import AttentionCore, causal_mask, softmax
 from .block import TransformerBlock
 from .gpt import GPT, LMHead, TokenPositionEmbedding
-from .layernorm import LayerNorm
+from .layernorm import LayerNorm, layer_norm, layer_norm_backward
 from .linear import Embedding, Linear
 from .loss import cross_entropy, cross_entropy_backward
 from .mlp import MLP
@@ -18,4 +18,4 @@ from .module import Composite, Module, add_flops, cache_bytes, prefixed, sub, to
 __all__ = ["Module", "Composite", "Linear", "Embedding", "GELU", "LayerNorm", "Attention", "AttentionCore",
            "MLP", "TransformerBlock", "GPT", "TokenPositionEmbedding", "LMHead", "cross_entropy",
            "cross_entropy_backward", "AdamW", "sub", "prefixed", "softmax", "causal_mask", "cache_bytes",
-           "add_flops", "total_flops"]
+           "add_flops", "total_flops", "gelu", "gelu_backward", "layer_norm", "layer_norm_backward"]

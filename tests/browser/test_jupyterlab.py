@@ -81,7 +81,23 @@ def drive_zero_explorer(page, shot):
     cell.screenshot(path=str(shot("zero_explorer_zero3")))
 
 
-DRIVERS = {"00_collectives": [drive_ring_stepper], "01_data_parallel": [drive_zero_explorer]}
+def drive_activation_explorer(page, shot):
+    """Tick sequence parallelism and pick selective recomputation; the total follows."""
+    cell = widget_cell(page, ".activation-summary")
+    summary = cell.locator(".activation-summary")
+    cell.screenshot(path=str(shot("activation_explorer_start")))
+    before = summary.inner_text()
+    cell.locator(".widget-checkbox input").check()
+    text = wait_text_change(summary, before)
+    cell.locator(".widget-dropdown", has=page.locator("label:text-is('recompute')")).locator("select").select_option(
+        "selective")
+    text = wait_text_change(summary, text)
+    assert "measured on the emulator" in text, text
+    cell.screenshot(path=str(shot("activation_explorer_sp_selective")))
+
+
+DRIVERS = {"00_collectives": [drive_ring_stepper], "01_data_parallel": [drive_zero_explorer],
+           "02_tensor_parallel": [drive_activation_explorer]}
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,572 @@
+# %% [markdown]
+# # Lesson 02 — Tensor and sequence parallelism
+#
+# Data parallelism and ZeRO decide where the *training state* lives. They never split the
+# math: every rank still runs every layer on its slice of the batch, and keeps that
+# layer's activations. This lesson splits the layers themselves, the way Megatron-LM does:
+# each matrix cut across the GPUs of a node, so that two matrix multiplications in a row
+# cost one collective. Then it counts, tensor by tensor, what a layer keeps for backward,
+# and splits what tensor parallelism leaves whole (sequence parallelism).
+#
+# You will write the Megatron MLP (Exercise 2.1) and attention split by heads (2.2), the
+# sequence-parallel regions (2.3), the all-reduce that sequence parallelism needs and that
+# is easy to forget (2.4), and a cross-entropy that never gathers the logits (2.5); and
+# answer Problems 8.3 and 8.4 and a napkin on crossing a node boundary.
+
+# %%
+import numpy as np
+import matplotlib.pyplot as plt
+from ml_dtypes import bfloat16
+
+from emulator import World, Topology, nn, viz
+from emulator.accounting import (activation_bytes_per_layer, activation_terms, tp_bytes_per_layer,
+                                 pp_bytes_per_boundary, zero_bytes_per_gpu)
+from emulator.cost import collective_time
+from emulator.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, copy_to_tp_region
+from emulator.parallel.tp_block import TensorParallelBlock, cached_terms
+from emulator.grading import lesson02 as grade
+from emulator.notebook import setup
+
+setup()
+
+# %% [markdown]
+# ## 1. Why data parallelism is not enough
+#
+# Three limits from lesson 01. Data parallelism *spends batch size*, and past the critical
+# batch more batch buys little. ZeRO-1 and ZeRO-2 still hold every parameter on every GPU,
+# so they stop helping once the parameters alone do not fit. ZeRO-3 shards the parameters
+# but not the activations, and it cannot split the math of one layer: each rank gathers
+# the whole layer and runs all of it. How do those numbers look for a GPT-3-sized model
+# (175B parameters, 96 layers of width 12288 with 96 heads, sequences of 2048) on 1024
+# GPUs, one sequence per GPU?
+
+# %%
+psi, L, h, a, s = 175e9, 96, 12288, 96, 2048
+state = zero_bytes_per_gpu(psi, 1024, 3)
+acts = L * activation_bytes_per_layer(s, 1, h, a)
+print(f"ZeRO-3 on 1024 GPUs: {state / 1e9:.1f} GB of parameters, gradients and optimizer state per GPU")
+print(f"activations of one sequence through {L} layers: {acts / 1e9:.1f} GB per GPU, whatever ZeRO does")
+
+# %% [markdown]
+# The state shrinks to almost nothing; the activations do not move, and they do not fit in
+# an 80 GB GPU. Model parallelism changes what travels: instead of moving parameters to the
+# data (ZeRO), it moves activations between the GPUs that each hold a piece of the model.
+#
+# ## 2. The Megatron MLP: columns, then rows
+#
+# The MLP is $Z = \mathrm{GELU}(XA)\,B$. Cut $A$ by columns into $[A_1, \dots, A_t]$: rank
+# $r$ computes $\mathrm{GELU}(XA_r)$, a slice of the hidden activation, with no
+# communication, because GELU works element by element. Cut $B$ by rows into
+# $[B_1; \dots; B_t]$: rank $r$ already holds the activation slice that $B_r$ needs, and
+# $\mathrm{GELU}(XA_r)B_r$ is its *partial* $Z$. The sum of the partials is $Z$: one
+# all-reduce for two matrix multiplications.
+
+# %%
+viz.megatron_split(4)
+plt.show()
+
+# %% [markdown]
+# Two operators frame the split, a dual pair: **f** before the block is the identity in
+# forward (every rank already has $X$) and an all-reduce in backward (each rank's $dX$ is a
+# partial sum); **g** after it is an all-reduce in forward and the identity in backward.
+# The row-parallel bias is added *once*, after the reduction. The library's
+# `ColumnParallelLinear` and `RowParallelLinear` do this; here they are on 4 emulated GPUs,
+# against the single-device MLP, with the trace read back:
+
+# %%
+mlp = nn.MLP(16, 64, dtype=np.float64)
+p_full = mlp.init(np.random.default_rng(0))
+p_full["fc2.b"] += 0.5  # a bias that would show if it were added four times
+x = np.random.default_rng(1).standard_normal((2, 8, 16))
+z_ref, _ = mlp.forward(p_full, x)
+
+
+def megatron_mlp(comm):
+    fc1, fc2 = ColumnParallelLinear(comm, 16, 64, dtype=np.float64), RowParallelLinear(comm, 64, 16, dtype=np.float64)
+    u, _ = fc1.forward(fc1.shard(nn.sub(p_full, "fc1")), copy_to_tp_region(comm, x))
+    return fc2.forward(fc2.shard(nn.sub(p_full, "fc2")), nn.gelu(u))[0]
+
+
+world = World(4)
+out = world.run(megatron_mlp)
+print(f"max |Z - single device| on every rank: {max(np.abs(z - z_ref).max() for z in out):.1e}")
+print("rank 0's calls:", world.calls[0])
+
+# %% [markdown]
+# **Exercise 2.1** — the Megatron MLP, forward and backward, as a per-rank program. `p` is
+# this rank's shard: `fc1.w` (h, d_ff/t) and `fc1.b` (d_ff/t) its columns of $A$,
+# `fc2.w` (d_ff/t, h) its rows of $B$, `fc2.b` (h) the whole bias. `x` and `dy` are
+# replicated. Forward returns `(y, cache)`; backward returns `(dx, grads)` with `grads`
+# keyed like `p`. Use `nn.gelu` and `nn.gelu_backward(u, dy)`, and `comm.all_reduce`
+# where the f and g operators need it. The check compares with `nn.MLP` on 1, 2 and 4
+# ranks and counts your collectives.
+
+# %%
+def tp_mlp_forward(comm, p, x):
+    ### BEGIN SOLUTION: Exercise 2.1: Megatron MLP forward
+    u = x @ p["fc1.w"] + p["fc1.b"]  # (b, s, d_ff/t): my columns, no communication
+    g = nn.gelu(u)
+    y = comm.all_reduce(g @ p["fc2.w"]) + p["fc2.b"]  # g: sum the partials, then the bias once
+    return y, {"x": x, "u": u, "g": g}
+    ### END SOLUTION
+
+
+def tp_mlp_backward(comm, p, cache, dy):
+    ### BEGIN SOLUTION: Exercise 2.1: Megatron MLP backward
+    x, u, g = cache["x"], cache["u"], cache["g"]
+    grads = {"fc2.b": dy.sum((0, 1)), "fc2.w": g.reshape(-1, g.shape[-1]).T @ dy.reshape(-1, dy.shape[-1])}
+    du = nn.gelu_backward(u, dy @ p["fc2.w"].T)
+    grads["fc1.w"] = x.reshape(-1, x.shape[-1]).T @ du.reshape(-1, du.shape[-1])
+    grads["fc1.b"] = du.sum((0, 1))
+    dx = comm.all_reduce(du @ p["fc1.w"].T)  # f: the partial input gradients summed
+    return dx, grads
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.check_tp_mlp(tp_mlp_forward, tp_mlp_backward)
+
+
+# %% [markdown]
+# ## 3. Attention, split by heads
+#
+# Heads are independent: split them over the ranks. The q, k and v projections are
+# column-parallel (rank $r$ computes its heads' queries, keys and values), the attention
+# itself runs on those heads alone (`nn.AttentionCore`, the same code one device runs), and
+# the output projection is row-parallel: one all-reduce again. Norms (and, in lesson 05,
+# MoE routers) are small and stay replicated.
+#
+# **Exercise 2.2** — attention split by heads. `p` holds this rank's columns of `q.w`,
+# `k.w`, `v.w` (h, h/t) and `q.b`, `k.b`, `v.b` (h/t), its rows of `o.w` (h/t, h), and the
+# whole `o.b`. Split the projections into heads of width `h / n_heads` (this rank has
+# `n_heads / t` of them), run a causal `nn.AttentionCore(causal=True)` on them (its
+# `forward({}, (q, k, v))` and `backward_input({}, cache, do)` work on (b, heads, s, dh)
+# arrays), and finish with the row-parallel output projection.
+
+# %%
+def _split_heads(t, dh):
+    b, s, _ = t.shape
+    return t.reshape(b, s, -1, dh).transpose(0, 2, 1, 3)
+
+
+def _merge_heads(t):
+    b, nh, s, dh = t.shape
+    return t.transpose(0, 2, 1, 3).reshape(b, s, nh * dh)
+
+
+def tp_attention_forward(comm, p, x, n_heads=4):
+    ### BEGIN SOLUTION: Exercise 2.2: attention split by heads, forward
+    dh = x.shape[-1] // n_heads
+    core = nn.AttentionCore(causal=True)
+    q, k, v = (_split_heads(x @ p[f"{n}.w"] + p[f"{n}.b"], dh) for n in "qkv")  # my heads
+    heads, core_cache = core.forward({}, (q, k, v))
+    merged = _merge_heads(heads)  # (b, s, h/t)
+    y = comm.all_reduce(merged @ p["o.w"]) + p["o.b"]
+    return y, {"x": x, "core": core_cache, "merged": merged, "dh": dh}
+    ### END SOLUTION
+
+
+def tp_attention_backward(comm, p, cache, dy, n_heads=4):
+    ### BEGIN SOLUTION: Exercise 2.2: attention split by heads, backward
+    x, merged, dh = cache["x"], cache["merged"], cache["dh"]
+    grads = {"o.b": dy.sum((0, 1)), "o.w": merged.reshape(-1, merged.shape[-1]).T @ dy.reshape(-1, dy.shape[-1])}
+    dq, dk, dv = nn.AttentionCore(causal=True).backward_input({}, cache["core"], _split_heads(dy @ p["o.w"].T, dh))
+    dx = 0
+    for n, g in (("q", dq), ("k", dk), ("v", dv)):
+        g = _merge_heads(g)
+        grads[f"{n}.w"] = x.reshape(-1, x.shape[-1]).T @ g.reshape(-1, g.shape[-1])
+        grads[f"{n}.b"] = g.sum((0, 1))
+        dx = dx + g @ p[f"{n}.w"].T
+    return comm.all_reduce(dx), grads
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.check_tp_attention(tp_attention_forward, tp_attention_backward)
+
+# %% [markdown]
+# A whole block, then: two all-reduces in forward and two in backward. The library's
+# `TensorParallelBlock` puts your two pieces together with the norms, residuals and
+# dropouts (same parameters as `nn.TransformerBlock`); its trace on 4 ranks:
+
+# %%
+d, heads, ff, b, s = 64, 8, 256, 2, 32
+block_params = nn.TransformerBlock(d, heads, ff, dtype=np.float64).init(np.random.default_rng(2))
+xb = np.random.default_rng(3).standard_normal((b, s, d))
+
+
+def block_step(comm, sequence_parallel=False, recompute="none"):
+    tb = TensorParallelBlock(comm, d, heads, ff, sequence_parallel=sequence_parallel, act_dtype=np.float64,
+                             recompute=recompute)
+    p = tb.shard(block_params)
+    sl = slice(comm.rank * s // comm.size, (comm.rank + 1) * s // comm.size) if sequence_parallel else slice(None)
+    y, cache = tb.forward(p, xb[:, sl])
+    comm.compute(flops=1e9, name="rest")  # between forward and backward
+    return tb.backward(p, cache, np.ones_like(y))
+
+
+world = World(4)
+world.run(block_step)
+for c in world.calls[0]:
+    print(f"  {c.op:11s} {c.nbytes:>8,d} B on group {c.group}")
+print(f"bytes sent per rank: {world.stats().bytes_sent[0]:,d}; "
+      f"formula 8 b s h (t-1)/t with 8-byte floats: {tp_bytes_per_layer(b, s, d, 4, dtype_bytes=8):,.0f}")
+
+# %% [markdown]
+# ## 4. Traffic: TP against PP
+#
+# Each of the four all-reduces moves $2\frac{t-1}{t}$ times the $b \cdot s \cdot h$
+# activations, so tensor parallelism sends $8\,bsh\,\frac{t-1}{t}$ bytes per GPU per layer
+# (bf16: 2 bytes per element), in collectives that *block* the next matrix multiplication.
+# A pipeline (lesson 03) sends $bsh$ bytes per micro-batch from one stage to the next,
+# point to point. `emulator.accounting.tp_bytes_per_layer` and `pp_bytes_per_boundary`
+# hold the formulas; the measurement above agrees with the first.
+#
+# **Problem 8.3** — for `b` sequences of `s` tokens of width `h` in activations of
+# `dtype_bytes` bytes, tensor parallelism over `t` GPUs: how many bytes does each GPU send
+# per layer, and how many cross one pipeline boundary? The check tries the problem's
+# numbers (b=4, s=8192, h=8192, t=8, bf16) and others.
+
+# %%
+def problem_8_3(b=4, s=8192, h=8192, t=8, dtype_bytes=2):
+    ### BEGIN SOLUTION: Problem 8.3: TP against PP traffic
+    act = b * s * h * dtype_bytes
+    return 8 * act * (t - 1) / t, act
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.problem_8_3(problem_8_3)
+
+# %% [markdown]
+# Seven times the bytes, and in blocking collectives: TP belongs on the fastest link
+# there is.
+#
+# ## 5. TP across a node boundary
+#
+# The same layer with $t = 8$: inside one node of 8 GPUs; over two nodes of 4 with a
+# 400G NIC per GPU (today's rail-optimized H100 clusters, NCCL's channels spreading the
+# crossing over every NIC); and over two nodes with a single NIC each (an older or cheaper
+# cluster). The compute is charged at an H100's peak; the all-reduces carry the
+# activations of a realistic layer (b=1, s=4096, h=8192, bf16: 64 MB each). Predict the
+# ratios before you run it.
+
+# %%
+big = dict(b=1, s=4096, h=8192)
+act_bytes = 2 * big["b"] * big["s"] * big["h"]
+flops = 24 * big["b"] * big["s"] * big["h"] ** 2 / 8  # this rank's eighth of a layer's forward matmuls
+
+
+def tp_layer_in_time(comm):
+    x = np.zeros(act_bytes // 4, np.float32)  # a message of the activations' size (its values do not matter)
+    for half in ("attention", "MLP"):
+        comm.compute(flops=flops / 2, name=half)
+        comm.all_reduce(x)
+
+
+layouts = {"one node": Topology(gpus_per_node=8), "two nodes, a NIC per GPU": Topology(gpus_per_node=4),
+           "two nodes, one NIC each": Topology(gpus_per_node=4, nics_per_node=1)}
+fig, axes = plt.subplots(3, 1, figsize=(9, 5.4))
+times = {}
+for ax, (name, topo) in zip(axes, layouts.items()):
+    world = World(8, topology=topo)
+    world.run(tp_layer_in_time)
+    times[name] = max(world.stats().time)
+    viz.gantt(world.timeline().of_ranks(range(2)), ax=ax, unit="ms", label_events=False,
+              title=f"TP 8, {name}: a layer's forward takes {times[name] * 1e3:.2f} ms (ranks 0-1 shown)")
+plt.show()
+for name, t_layer in times.items():
+    print(f"{name:26s}: {t_layer * 1e3:6.2f} ms, {t_layer / times['one node']:4.1f}x one node")
+
+# %% [markdown]
+# Inside a node the all-reduces ride NVLink. Across nodes every ring step of every
+# all-reduce waits on the NICs, and nothing hides that wait: the next matrix
+# multiplication needs the result. With a NIC per GPU and NCCL's channels, the crossing is
+# spread over all of them and the layer is about 1.4x slower (more for the smaller,
+# latency-bound messages of smaller layers, and those NICs are also wanted by the data-
+# and pipeline-parallel traffic). With one NIC per node the same layer is many times
+# slower: the per-GPU gap between NVLink and one NIC (7.7x per direction) is paid in full.
+# So tensor parallelism stays within a node: $t \le 8$ on H100/H200 machines. (TPU pods,
+# whose chips all sit on one uniform fast torus, run wider TP.)
+#
+# **Napkin 2.1** — how long does one all-reduce of the bf16 activations (`b` x `s` x `h`)
+# take over `t` tensor-parallel ranks, `gpus_per_node` per node (NVLink inside, one NIC
+# per GPU between nodes, a channel per NIC as in lesson 00)? Use lesson 00's ring formulas
+# and link numbers.
+
+# %%
+def napkin_tp_across_nodes(b=1, s=4096, h=8192, t=16, gpus_per_node=8):
+    ### BEGIN SOLUTION: Napkin 2.1: one TP all-reduce, inside or across nodes
+    S, g = 2 * b * s * h, gpus_per_node
+    nv, ib = Topology().nvlink, Topology().nic
+    if t <= g:
+        return 2 * (t - 1) * (nv.alpha + S / t / nv.beta)
+    per_node = g  # a channel per NIC: each NIC carries one channel's piece, NVLink the other g - 1
+    piece = S / (t * per_node)
+    return 2 * (t - 1) * max(ib.alpha + piece / ib.beta, nv.alpha + (per_node - 1) * piece / nv.beta)
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.napkin_tp_across_nodes(napkin_tp_across_nodes)
+
+# %% [markdown]
+# ## 6. Activation memory, tensor by tensor
+#
+# What does one layer keep for backward? Korthikanti et al. (2022) count it for a layer
+# with bf16 activations and 1-byte dropout masks: $sbh\,(34 + 5\,as/h)$ bytes, where the
+# first term is everything of size $s \times b \times h$ (or 4h wide in the MLP) and the
+# second the attention scores, quadratic in $s$. `TensorParallelBlock` keeps exactly those
+# tensors (bf16, dropout masks of one byte), under the names of the formula's terms, so
+# the ledger can be read beside the formula line by line. Here on 4 ranks, with tensor
+# parallelism alone:
+
+# %%
+sm, bm, hm, am = 64, 2, 64, 8  # small enough to run, large enough for every term
+pm = nn.TransformerBlock(hm, am, 4 * hm).init(np.random.default_rng(4))
+xm = np.random.default_rng(5).standard_normal((bm, sm, hm)).astype(np.float32)
+
+
+def measure(comm, sp=False, recompute="none"):
+    tb = TensorParallelBlock(comm, hm, am, 4 * hm, sequence_parallel=sp, dropout=0.1, act_dtype=bfloat16,
+                             recompute=recompute)
+    sl = slice(comm.rank * sm // comm.size, (comm.rank + 1) * sm // comm.size) if sp else slice(None)
+    _, cache = tb.forward(tb.shard(pm), xm[:, sl])
+    comm.memory.hold("layer", cache, "activations")
+    return cached_terms(cache)
+
+
+t = 4
+got = World(t).run(measure)[0]
+want = activation_terms(sm, bm, hm, am, t)
+print(f"{'tensor kept for backward':34s} {'ledger':>8s} {'formula':>8s}")
+for term, v in want.items():
+    print(f"{term:34s} {got[term]:>8,d} {v:>8,.0f}")
+print(f"{'total':34s} {sum(got.values()):>8,d} {sum(want.values()):>8,.0f}   "
+      f"= sbh (10 + 24/t + 5as/(ht)) = {activation_bytes_per_layer(sm, bm, hm, am, t):,.0f}")
+
+# %% [markdown]
+# Every term agrees exactly. Read which ones tensor parallelism divided by $t$ (the
+# matrix-multiplication inputs of the split layers, the attention scores) and which it
+# did not: the norms' inputs, the inputs of the column-parallel layers, the dropout masks
+# after the row-parallel ones. Those $10\,sbh$ bytes are replicated on every rank. Now all
+# five cases at once, measured and computed:
+
+# %%
+cases = [("one GPU", 1, False, "none"), ("TP", t, False, "none"), ("TP + SP", t, True, "none"),
+         ("TP + SP, selective", t, True, "selective"), ("TP + SP, full", t, True, "full")]
+print(f"{'':20s} {'measured':>9s} {'formula':>9s}")
+for name, tt, sp, rc in cases:
+    m = sum(World(tt).run(measure, sp, rc)[0].values())
+    f = activation_bytes_per_layer(sm, bm, hm, am, tt, sp, rc)
+    assert m == f
+    print(f"{name:20s} {m:>9,d} {f:>9,.0f}")
+
+# %% [markdown]
+# The formulas: $sbh(34 + 5as/h)$ on one GPU; $sbh(10 + 24/t + 5as/(ht))$ with TP;
+# $sbh(34/t + 5as/(ht))$ with TP and sequence parallelism (next section); selective
+# recomputation recomputes the softmax and its dropout in backward and drops the
+# $5as/h$ term; full recomputation keeps only the layer's input.
+#
+# When is memory at its peak? Run a stack of four such layers forward, then backward,
+# holding each layer's activations until its backward and its gradients until the end
+# (the compute charged at 100 GFLOP/s, so that the small layers take visible time):
+
+# %%
+def stack(comm, layers=4):
+    tb = TensorParallelBlock(comm, hm, am, 4 * hm, dropout=0.1, act_dtype=bfloat16)
+    p = tb.shard(pm)
+    caches, y = [], xm
+    for i in range(layers):
+        y, cache = tb.forward(p, y)
+        caches.append(comm.memory.hold(f"layer {i}", cache, "activations"))
+        comm.compute(flops=nn.total_flops(nn.TransformerBlock(hm, am, 4 * hm).flops(xm.shape)) / 3 / t, name=f"F{i}")
+    dy = np.ones_like(y)
+    for i in reversed(range(layers)):
+        dy, grads = tb.backward(p, caches[i], dy)
+        comm.compute(flops=2 * nn.total_flops(nn.TransformerBlock(hm, am, 4 * hm).flops(xm.shape)) / 3 / t,
+                     name=f"B{i}")
+        comm.memory.hold(f"grads {i}", grads, "grads")
+        comm.memory.hold(f"input grad {i}", dy, "buffers")
+        if i + 1 < layers:
+            comm.memory.release(f"input grad {i + 1}")
+        comm.memory.release(f"layer {i}")
+
+
+world = World(t, topology=Topology(flops=1e11))
+world.run(stack)
+viz.memory_over_time(world.memory[0], title="rank 0, four TP layers: forward, then backward")
+plt.show()
+
+# %% [markdown]
+# Activations pile up through forward and peak as backward begins, while the first
+# gradients already exist; backward then frees them layer by layer. At scale the hump is
+# far taller than the parameters.
+#
+# **Problem 8.4** — a model with width `h`, `a` heads and `L` layers trains on sequences
+# of `s` tokens, micro-batch `b`, with tensor and sequence parallelism over `t` GPUs and
+# selective recomputation. How many bytes of activations does one layer keep per GPU, and
+# all `L` layers? And without sequence parallelism? Return the four numbers. (The
+# problem's numbers: h=12288, a=96, L=96, s=4096, b=1, t=8.)
+
+# %%
+def problem_8_4(h=12288, a=96, L=96, s=4096, b=1, t=8):
+    ### BEGIN SOLUTION: Problem 8.4: activation memory with and without sequence parallelism
+    sbh = s * b * h
+    with_sp, without = sbh * 34 / t, sbh * (10 + 24 / t)  # selective: the 5as/h term is recomputed
+    return with_sp, L * with_sp, without, L * without
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.problem_8_4(problem_8_4)
+
+# %% [markdown]
+# Explore the formula: sequence, batch, width, heads, TP degree, layers, sequence
+# parallelism, recomputation. For small configurations the widget also runs the block on
+# the emulator and draws the measured bytes beside the formula.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from emulator.widgets import ActivationExplorer
+
+ActivationExplorer(s=128, b=1, h=64, a=4, t=2, layers=12)
+
+# %% [markdown]
+# ## 7. Sequence parallelism
+#
+# The replicated $10\,sbh$ belong to the norms, dropouts and residual adds: work done
+# element by element, independently for every position of the sequence. Split them along
+# the sequence over the same $t$ ranks. Then the all-reduce after a row-parallel layer
+# becomes a **reduce-scatter** along the sequence (each rank keeps its positions of the
+# summed output), and before a column-parallel layer an **all-gather** along the
+# sequence brings the full input back. An all-reduce *is* a reduce-scatter plus an
+# all-gather, so the bytes are the same. Megatron's names: `reduce_scatter_to_sp_region`
+# and `gather_from_sp_region`; in backward each becomes the other.
+#
+# **Exercise 2.3** — the two sequence collectives. `all_gather_seq(comm, x)` takes this
+# rank's (b, s/t, h) slice and returns the full (b, s, h), slices in rank order along
+# dim 1; `reduce_scatter_seq(comm, x)` takes a (b, s, h) partial sum and returns this
+# rank's (b, s/t, h) slice of the total. The emulator's collectives work along dim 0
+# (`np.moveaxis` helps). The check plugs them into the block.
+
+# %%
+def all_gather_seq(comm, x):
+    ### BEGIN SOLUTION: Exercise 2.3: all-gather along the sequence
+    return np.moveaxis(comm.all_gather(np.ascontiguousarray(np.moveaxis(x, 1, 0))), 0, 1)
+    ### END SOLUTION
+
+
+def reduce_scatter_seq(comm, x):
+    ### BEGIN SOLUTION: Exercise 2.3: reduce-scatter along the sequence
+    return np.moveaxis(comm.reduce_scatter(np.ascontiguousarray(np.moveaxis(x, 1, 0))), 0, 1)
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.check_sequence_regions(all_gather_seq, reduce_scatter_seq)
+
+# %% [markdown]
+# One thing breaks quietly. Under sequence parallelism each rank runs the norms on its
+# own positions only, so the gradient of a norm's weights on a rank covers only those
+# positions: a partial sum. The same holds for the row-parallel biases, now added on the
+# sequence slice. Without an all-reduce of those gradients the ranks update their
+# "replicated" copies differently, and the replicas drift apart. Watch it happen: here
+# the block is trained for a few SGD steps with that all-reduce left out, and the first
+# norm's weights compared across the four ranks.
+
+# %%
+class ForgetfulBlock(TensorParallelBlock):
+    def sync_sequence_parallel_grads(self, grads):
+        return grads  # the missing collective
+
+
+def drift(comm, block_cls, steps=3):
+    tb = block_cls(comm, d, heads, ff, sequence_parallel=True, act_dtype=np.float64)
+    p = tb.shard(block_params)
+    sl = slice(comm.rank * s // comm.size, (comm.rank + 1) * s // comm.size)
+    for _ in range(steps):
+        y, cache = tb.forward(p, xb[:, sl])
+        _, grads = tb.backward(p, cache, y / (y.size * comm.size))  # the gradient of the mean of y^2 / 2
+        p = {k: v - grads[k] for k, v in p.items()}  # plain SGD, learning rate 1
+    return p["ln1.g"]
+
+
+for cls in (ForgetfulBlock, TensorParallelBlock):
+    g = World(4).run(drift, cls)
+    print(f"{cls.__name__:20s}: ln1.g moved by up to {np.abs(g[0] - 1).max():.1e} in 3 steps; "
+          f"largest difference between the ranks' copies: {max(np.abs(gi - g[0]).max() for gi in g):.1e}")
+
+# %% [markdown]
+# **Exercise 2.4** — the missing collective. `grads` is this rank's gradient dict under
+# sequence parallelism (keys like `ln1.g`, `attn.q.w`, `mlp.fc2.b`). Return it with the
+# partial ones summed over the group; leave the others as they are.
+
+# %%
+def sync_sequence_parallel_grads(comm, grads):
+    ### BEGIN SOLUTION: Exercise 2.4: all-reduce the partial gradients of sequence parallelism
+    partial = ["ln1.g", "ln1.b", "ln2.g", "ln2.b", "attn.o.b", "mlp.fc2.b"]
+    summed = comm.all_reduce(np.concatenate([grads[k] for k in partial]))
+    out, i = dict(grads), 0
+    for k in partial:
+        out[k] = summed[i:i + grads[k].size]
+        i += grads[k].size
+    return out
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.check_sequence_parallel_grads(sync_sequence_parallel_grads)
+
+# %% [markdown]
+# ## 8. The vocabulary, split
+#
+# The last layer of a language model multiplies by an $h \times V$ matrix, $V$ the
+# vocabulary (128k for Llama 3). Split it by columns, column-parallel as before, and
+# each rank holds the logits of its $V/t$ words, (b, s, V/t). Gathering the (b, s, V)
+# logits to compute the loss would be the largest tensor of the step. It is not needed:
+# the softmax's normaliser needs, per token, only the max over the vocabulary, the sum of
+# exponentials and the target's logit, and each of those is a sum (or max) of the ranks'
+# parts.
+#
+# **Exercise 2.5** — vocabulary-parallel cross-entropy. `logits_shard` is (b, s, V/t),
+# the columns of this rank's words `rank * V/t ... (rank+1) * V/t`; `targets` (b, s) are
+# word ids. Return `(loss, gradient of logits_shard)` equal to `nn.cross_entropy` on the
+# full logits (the mean over tokens), moving only per-token numbers between ranks.
+
+# %%
+def vocab_parallel_cross_entropy(comm, logits_shard, targets, vocab):
+    ### BEGIN SOLUTION: Exercise 2.5: cross-entropy over vocabulary-split logits
+    n = vocab // comm.size
+    lo = comm.rank * n
+    m = comm.all_reduce(logits_shard.max(-1), op="max")
+    e = np.exp(logits_shard - m[..., None])
+    total = comm.all_reduce(e.sum(-1))
+    mine = (targets >= lo) & (targets < lo + n)
+    picked = np.take_along_axis(logits_shard, np.where(mine, targets - lo, 0)[..., None], -1)[..., 0]
+    target_logit = comm.all_reduce(np.where(mine, picked, 0.0))
+    grad = e / total[..., None]
+    idx = np.nonzero(mine)
+    grad[idx + (targets[idx] - lo,)] -= 1
+    return float(np.mean(np.log(total) + m - target_logit)), grad / targets.size
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy)
+
+# %% [markdown]
+# ## 9. On real GPUs
+#
+# `gpu_labs/02_tensor_parallel.py` builds column- and row-parallel layers in torch with
+# `torch.autograd.Function` f/g operators (`gpu_labs/torch_parallel/tensor_parallel.py`),
+# checks the Megatron MLP and attention block against the dense block on t ranks, runs the
+# same block with PyTorch's DTensor (`parallelize_module` with `ColwiseParallel`,
+# `RowwiseParallel`, `SequenceParallel`) against both, compares its calls with the
+# emulator's, and on GPUs times the TP all-reduces of a layer beside the model:
+#
+# ```
+# torchrun --standalone --nproc-per-node 8 gpu_labs/02_tensor_parallel.py
+# ```
+#
+# **Next:** lesson 03 cuts the model along its depth instead: pipeline parallelism.
