@@ -12,6 +12,7 @@ import pytest
 from emulator import World, calls, nn
 from emulator.p2p_ring import ring_all_reduce_p2p
 from emulator.parallel import data_parallel
+from emulator.parallel.tp_block import TensorParallelBlock
 from emulator.training import synthetic_batches, train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,3 +99,29 @@ def test_calls_comparison_bites():
     b = [[calls.Call("all_reduce", "dp", 16), calls.Call("all_gather", "tp", 8)]]
     assert "call #1" in calls.compare(a, b)[0]
     assert "1 more calls" in calls.compare(a, [a[0][:1]])[0]
+
+
+@pytest.mark.parametrize("n,dtype", [(2, "float64"), (4, "float64"), (2, "float32"), (4, "float32")])
+def test_tensor_parallel_lab(n, dtype, tmp_path):
+    out = torchrun(n, "02_tensor_parallel.py", "--dtype", dtype, "--iters", "2", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    for name in ("by hand", "by hand, SP", "DTensor", "DTensor, SequenceParallel"):
+        assert f"{name}: output, input gradient and 16 parameter gradients match" in out.stdout, out.stdout
+    assert "OK: the hand-written TP and SP blocks and DTensor's match" in out.stdout
+    np_dtype = np.float64 if dtype == "float64" else np.float32
+    d, a, ff, b, s = 64, 8, 256, 2, 16
+    params = {k: v.astype(np_dtype) for k, v in nn.TransformerBlock(d, a, ff, dtype=np.float64).init(
+        np.random.default_rng(0)).items()}
+    x = np.zeros((b, s, d), np_dtype)
+    for sp in (False, True):  # the emulator's block, same shapes: the same calls, rank by rank
+        def prog(comm):
+            tp = comm.group("tp")
+            tb = TensorParallelBlock(tp, d, a, ff, sequence_parallel=sp, act_dtype=np_dtype)
+            p = tb.shard(params)
+            xl = x[:, :s // n] if sp else x
+            y, cache = tb.forward(p, xl)
+            tb.backward(p, cache, np.ones_like(y))
+
+        world = World(mesh={"tp": n})
+        world.run(prog)
+        same_calls(tmp_path / f"02_tensor_parallel.{'sp' if sp else 'tp'}.calls.json", world)

@@ -3,6 +3,8 @@
 * ``ddp.DDP``: data parallelism for any module, bucketed all-reduces overlapped with
   backward, tied weights reduced once, frozen parameters skipped.
 * ``sharded_optimizer.ShardedOptimizer``: ZeRO-1 over any ``torch.optim`` optimizer.
+* ``tensor_parallel.TPBlock``: a Megatron transformer block (column- then row-parallel,
+  f/g as autograd functions, optional sequence parallelism), call for call the emulator's.
 * ``data_parallel``: the course GPT's DDP and ZeRO-1/2/3 written call for call as
   ``emulator.parallel`` runs them (lab 01 compares the traces).
 """
