@@ -139,6 +139,14 @@ class Topology:
 
     h100_cluster = h100
 
+    @classmethod
+    def free_network(cls, gpus_per_node=8, **changes):
+        """Links with no latency and unlimited bandwidth (and H100 compute): messages take
+        no time, so what is left is compute and waiting on it. Used to compare pipeline
+        schedules with their formulas, which assume exactly that."""
+        free = Link("free (no latency, unlimited bandwidth)", alpha=0.0, beta=float("inf"))
+        return cls(gpus_per_node, free, free, name="free network", **changes)
+
     # ----------------------------------------------------------------- where things are
     def node(self, rank):
         return rank // self.gpus_per_node

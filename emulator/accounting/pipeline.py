@@ -1,0 +1,105 @@
+"""The pipeline bubble: how much of a step the stages spend waiting.
+
+With ``p`` stages, ``m`` micro-batches, a forward taking ``t_f`` and a backward ``t_b`` on
+every stage, GPipe and 1F1B both need ``(m + p - 1)(t_f + t_b)`` for a step in which each
+stage computes for ``m (t_f + t_b)``: the first micro-batch reaches the last stage only
+after ``p - 1`` forwards, and the last gradient reaches the first stage ``p - 1``
+backwards after the last stage is done. Two ways to state it, both in the lecture notes:
+
+* over the **total** time of the step (the share of GPU-time idle):
+  ``(p - 1) / (m + p - 1)``;
+* over the **ideal** time (what the step would take without a bubble), the overhead
+  on top of the work: ``(p - 1) / m``. Problem 8.2 uses this one.
+
+They agree for m >> p and differ for small m: with p = 4, m = 4 the idle share is 3/7
+(43%) while the overhead is 3/4 (75%).
+
+Interleaving ``v`` chunks per rank makes each forward and backward ``1/v`` as long while the
+ramp still crosses ``p - 1`` ranks, so ``p - 1`` becomes ``(p - 1) / v`` in units of a
+whole stage: ``(p - 1) / (v m + p - 1)`` of the total.
+
+Zero bubble (ZB-H1, Qi et al. 2023) splits the backward into ``B`` (input gradient) and
+``W`` (weight gradient) and fills the ramp-down with deferred ``W``: each stage idles for
+``(p - 1)(t_f + t_b - t_w)`` instead of ``(p - 1)(t_f + t_b + t_w)``; with ``t_f = t_b =
+t_w`` that is a third of 1F1B's bubble (for m >= p; with fewer micro-batches there are too
+few W passes to fill the ramp, see :func:`pipeline_bubble`).
+"""
+
+from ..errors import ConfigError
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1")
+
+
+def _positive_int(name, x):
+    if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+        raise ConfigError(f"pipeline_bubble: {name} must be a positive integer, got {x!r}")
+
+
+def pipeline_bubble(p, m, v=1, of="total", schedule=None, costs=(1, 1, 1)):
+    """The idle fraction of a pipeline step with ``p`` stages, ``m`` micro-batches and
+    ``v`` chunks per rank (interleaving), stages of equal cost and a network that takes
+    no time: ``of="total"`` over the step's time ((p-1)/(v m + p-1)), ``of="ideal"`` over
+    the compute time alone ((p-1)/(v m)).
+
+    ``schedule="zb_h1"`` gives the zero-bubble schedule's, which depends on the cost of
+    forward, input-gradient and weight-gradient passes, ``costs=(t_f, t_b, t_w)``: each
+    stage idles (p-1)(t_f + t_b - t_w) against m (t_f + t_b + t_w) of work when m >= p;
+    with fewer micro-batches the step is the forward and ``B`` chain, (m+p-1)(t_f+t_b),
+    plus the first stage's last ``W``. Holds for t_w <= t_b."""
+    _positive_int("p", p)
+    _positive_int("m", m)
+    _positive_int("v", v)
+    if of not in ("total", "ideal"):
+        raise ConfigError(f"pipeline_bubble: of must be 'total' (idle share of the step) or 'ideal' (overhead "
+                          f"over the compute time), got {of!r}")
+    if schedule is not None and schedule not in SCHEDULES:
+        raise ConfigError(f"pipeline_bubble: schedule must be one of {SCHEDULES} (or None), got {schedule!r}")
+    if schedule == "zb_h1":
+        if v != 1:
+            raise ConfigError("pipeline_bubble: zb_h1 has one chunk per rank (v=1)")
+        t_f, t_b, t_w = costs
+        if not (t_f > 0 and t_b > 0 and 0 <= t_w <= t_b):
+            raise ConfigError(f"pipeline_bubble: the zb_h1 formula needs costs=(t_f, t_b, t_w) with t_f, t_b > 0 "
+                              f"and 0 <= t_w <= t_b (a transformer's W is B's matmuls without attention's), "
+                              f"got {costs!r}")
+        work = m * (t_f + t_b + t_w)
+        # the W passes fill the ramp-down, unless there are too few micro-batches to fill it:
+        # then the forward and input-gradient chain, plus the first stage's last W, is the step
+        step = max(work + (p - 1) * (t_f + t_b - t_w), (m + p - 1) * (t_f + t_b) + t_w)
+        idle = step - work
+    else:
+        if schedule in ("gpipe", "1f1b") and v != 1:
+            raise ConfigError(f"pipeline_bubble: {schedule} has one chunk per rank; use interleaved_1f1b for v > 1")
+        idle, work = (p - 1), v * m
+    return idle / work if of == "ideal" else idle / (work + idle)
+
+
+def micro_batches_for_bubble(p, target, of="total"):
+    """The fewest micro-batches that keep the bubble of GPipe or 1F1B with ``p`` stages at
+    or under ``target`` (a fraction), by either definition (Problem 8.2)."""
+    _positive_int("p", p)
+    if not 0 < target < 1:
+        raise ConfigError(f"micro_batches_for_bubble: target must be a fraction in (0, 1), got {target!r}")
+    if of not in ("total", "ideal"):
+        raise ConfigError(f"micro_batches_for_bubble: of must be 'total' or 'ideal', got {of!r}")
+    # total: (p-1)/(m+p-1) <= target  <=>  m >= (p-1)(1-target)/target; ideal: m >= (p-1)/target
+    bound = (p - 1) * (1 - target) / target if of == "total" else (p - 1) / target
+    m = max(1, int(bound))
+    while pipeline_bubble(p, m, of=of) > target + 1e-12:
+        m += 1
+    while m > 1 and pipeline_bubble(p, m - 1, of=of) <= target + 1e-12:
+        m -= 1
+    return m
+
+
+def peak_in_flight(schedule, p, m, rank):
+    """Micro-batches whose activations stage ``rank`` holds at once at its peak: GPipe all
+    ``m``; 1F1B ``p - rank``; ZB-H1 ``p`` (1F1B's plus ``rank`` waiting for their W); never
+    more than ``m``."""
+    if schedule not in ("gpipe", "1f1b", "zb_h1"):
+        raise ConfigError(f"peak_in_flight: known for 'gpipe', '1f1b' and 'zb_h1', got {schedule!r}")
+    _positive_int("p", p)
+    _positive_int("m", m)
+    if not (isinstance(rank, int) and 0 <= rank < p):
+        raise ConfigError(f"peak_in_flight: rank must be in 0..{p - 1}, got {rank!r}")
+    return m if schedule == "gpipe" else min(p - rank if schedule == "1f1b" else p, m)

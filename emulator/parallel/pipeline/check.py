@@ -1,0 +1,180 @@
+"""Does a schedule make sense, and how long would it take? Answered without running it.
+
+``validate(schedule)`` checks what any executor needs: every micro-batch goes forward and
+backward exactly once through every chunk (and through ``W`` once, when the schedule
+splits the backward); on a rank, a micro-batch's ``F`` comes before its ``B``, and ``B``
+before ``W``; messages between two ranks are sent in the order they are received (NCCL
+matches the k-th send from a to b with the k-th receive on b from a: there are no tags);
+and the ranks cannot all end up waiting on each other. It raises :class:`ScheduleError`
+saying what is wrong.
+
+``simulate(schedule, costs)`` plays the schedule on a free network with every stage
+equally fast (``costs = (t_f, t_b, t_w)`` per whole stage, so a chunk's action takes
+``1/v`` of it) and returns when each action starts and ends: the grid a schedule is
+drawn on, and the bubble its formula predicts. :func:`emulator.parallel.pipeline.run`
+measures the same on the emulator, with real models, FLOPs and messages.
+"""
+
+from collections import defaultdict
+
+from ...errors import ConfigError
+from .actions import Action, place_of, shape_of, stage_of
+
+
+class ScheduleError(ConfigError):
+    """A schedule no executor can run: an action missing or repeated, out of order on its
+    rank, messages matched in the wrong order, or ranks waiting on each other."""
+
+
+def dependencies(p, v, rank, action):
+    """What ``action`` on ``rank`` waits for from *other* work: a list of
+    ``(rank, Action)`` (the message it needs comes from that action)."""
+    kind, mb, chunk = action
+    s, last = stage_of(p, rank, chunk), p * v - 1
+    if kind == "F":
+        return [] if s == 0 else [(*_at(p, s - 1, "F", mb),)]
+    if kind == "B":
+        own = [(rank, Action("F", mb, chunk))]
+        return own if s == last else own + [_at(p, s + 1, "B", mb)]
+    return [(rank, Action("B", mb, chunk))]
+
+
+def _at(p, stage, kind, mb):
+    r, c = place_of(p, stage)
+    return r, Action(kind, mb, c)
+
+
+def _check_complete(schedule, p, m, v, has_w):
+    kinds = ("F", "B", "W") if has_w else ("F", "B")
+    for r, acts in enumerate(schedule):
+        seen = defaultdict(int)
+        for a in acts:
+            seen[a] += 1
+        want = {Action(k, mb, c) for k in kinds for mb in range(m) for c in range(v)}
+        twice = sorted(str(a) for a, n in seen.items() if n > 1)
+        missing = sorted(str(a) for a in want - set(seen))
+        extra = sorted(str(a) for a in set(seen) - want)
+        if twice or missing or extra:
+            parts = [f"{what}: {' '.join(xs[:8])}{' ...' if len(xs) > 8 else ''}"
+                     for what, xs in (("repeated", twice), ("missing", missing), ("unexpected", extra)) if xs]
+            raise ScheduleError(f"rank {r}: every micro-batch 0..{m - 1} needs {'/'.join(kinds)} exactly once on "
+                                f"each of its {v} chunk(s); " + "; ".join(parts))
+        pos = {a: i for i, a in enumerate(acts)}
+        for a in acts:
+            before = {"B": "F", "W": "B"}.get(a.kind)
+            if before and pos[Action(before, a.microbatch, a.chunk)] > pos[a]:
+                raise ScheduleError(f"rank {r}: {a} comes before {before}{a.microbatch}"
+                                    f"{'.' + str(a.chunk) if a.chunk else ''}, which it needs")
+
+
+def _messages(schedule, p, v):
+    """Per (src, dst): the messages in the order src sends them and dst receives them."""
+    sent, received = defaultdict(list), defaultdict(list)
+    for r, acts in enumerate(schedule):
+        for a in acts:
+            for src, dep in dependencies(p, v, r, a):
+                if src != r:  # a message from src, made by its action dep
+                    received[(src, r)].append(dep)
+    for r, acts in enumerate(schedule):
+        for a in acts:
+            s = stage_of(p, r, a.chunk)
+            nxt = s + 1 if a.kind == "F" else s - 1 if a.kind == "B" else None
+            if nxt is not None and 0 <= nxt < p * v:
+                dst = place_of(p, nxt)[0]
+                if dst != r:
+                    sent[(r, dst)].append(a)
+    return sent, received
+
+
+def _check_message_order(schedule, p, v):
+    sent, received = _messages(schedule, p, v)
+    for (src, dst), out in sent.items():
+        inn = received.get((src, dst), [])
+        for k, (a, b) in enumerate(zip(out, inn)):
+            if a != b:
+                raise ScheduleError(
+                    f"messages from rank {src} to rank {dst} are matched in order (NCCL has no tags: the k-th send "
+                    f"meets the k-th receive), but message #{k} is sent after {a} on rank {src} and received for "
+                    f"the action that needs {b}'s output on rank {dst}. Reorder one of the two ranks so that both "
+                    f"handle their messages in the same order.")
+
+
+def simulate(schedule, costs=(1.0, 1.0, 1.0)):
+    """Play ``schedule`` with stage costs ``(t_f, t_b, t_w)`` on a free network. Returns
+    ``{rank: [(action, start, end), ...]}`` in each rank's order. Raises
+    :class:`ScheduleError` if the ranks end up waiting on each other."""
+    p, m, v, has_w = shape_of(schedule)
+    t_f, t_b, t_w = costs
+    dur = {"F": t_f / v, "B": (t_b if has_w else t_b + t_w) / v, "W": t_w / v}
+    end, free, nxt = {}, [0.0] * p, [0] * p
+    out = {r: [] for r in range(p)}
+    remaining = sum(len(a) for a in schedule)
+    while remaining:
+        progressed = False
+        for r in range(p):
+            while nxt[r] < len(schedule[r]):
+                a = schedule[r][nxt[r]]
+                deps = dependencies(p, v, r, a)
+                if any(d not in end for d in deps):
+                    break
+                start = max([free[r]] + [end[d] for d in deps])
+                end[(r, a)] = free[r] = start + dur[a.kind]
+                out[r].append((a, start, free[r]))
+                nxt[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise ScheduleError(_stuck(schedule, p, v, nxt, end))
+    return out
+
+
+def _stuck(schedule, p, v, nxt, end):
+    lines = ["the ranks wait on each other (a deadlock on a cluster too):"]
+    for r in range(p):
+        if nxt[r] == len(schedule[r]):
+            lines.append(f"  rank {r} has finished")
+            continue
+        a = schedule[r][nxt[r]]
+        waits = [f"{d} on rank {dr}" for dr, d in dependencies(p, v, r, a) if (dr, d) not in end]
+        lines.append(f"  rank {r} is stuck on action #{nxt[r]} {a}: it needs {', '.join(waits)}")
+    return "\n".join(lines)
+
+
+def validate(schedule, p=None, m=None, v=None):
+    """Raise :class:`ScheduleError` unless ``schedule`` can run (see the module docstring).
+    ``p``, ``m``, ``v``, when given, must be what the schedule holds. Returns
+    ``(p, m, v, has_w)``."""
+    if not isinstance(schedule, (list, tuple)) or not all(isinstance(r, (list, tuple)) for r in schedule):
+        raise ScheduleError(f"a schedule is a list (one per rank) of lists of Action, got {type(schedule).__name__}")
+    shape = shape_of(schedule)
+    for name, want, got in (("p (ranks)", p, shape[0]), ("m (micro-batches)", m, shape[1]),
+                            ("v (chunks)", v, shape[2])):
+        if want is not None and want != got:
+            raise ScheduleError(f"expected a schedule with {name} = {want}, this one has {got}")
+    sp, sm, sv, has_w = shape
+    _check_complete(schedule, sp, sm, sv, has_w)
+    _check_message_order(schedule, sp, sv)
+    simulate(schedule)
+    return shape
+
+
+def bubble_of(timing):
+    """Idle share of ``simulate``'s result: 1 - busy / (ranks x makespan)."""
+    makespan = max(e for acts in timing.values() for _, _, e in acts)
+    busy = sum(e - s for acts in timing.values() for _, s, e in acts)
+    return 1 - busy / (len(timing) * makespan)
+
+
+def in_flight(schedule):
+    """Per rank, the most (micro-batch, chunk) pairs whose forward has run and whose
+    backward (its ``W``, when the schedule splits it) has not: what it holds at its peak."""
+    has_w = shape_of(schedule)[3]
+    done = "W" if has_w else "B"
+    out = []
+    for acts in schedule:
+        held = peak = 0
+        for a in acts:
+            held += (a.kind == "F") - (a.kind == done)
+            peak = max(peak, held)
+        out.append(peak)
+    return out

@@ -1,0 +1,183 @@
+"""One executor for every schedule: each rank walks its list of actions.
+
+For each action the rank receives its input (if another rank produces it), computes, and
+sends its output on. Messages are posted with ``batch_isend_irecv``, the receive for the
+next action together with the send of the last one, as Megatron pairs them
+(``send_forward_recv_backward`` and friends): on NCCL, as here, a lone blocking send
+would wait for its receiver, and two neighbours sending to each other at once would wait
+forever. Sends are waited for at the end of the step.
+
+``run(world, model, params, schedule, x, y)`` runs one step of ``schedule`` on a world of
+``p`` ranks and reports, if the ranks end up waiting on each other, the action each one
+is stuck on. ``train_pipeline`` adds data parallelism and the optimizer: a mesh with axes
+``dp`` and ``pp``, gradients all-reduced over ``dp`` once a stage's backwards are done.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...errors import ConfigError, DeadlockError
+from ...p2p import P2POp
+from ...training import local_batch
+from .actions import shape_of
+from .check import validate
+from .stage import PipelineStage
+
+
+def micro_batches(x, y, m):
+    """``m`` equal micro-batches of the batch ``(x, y)``."""
+    if m < 1 or len(x) % m:
+        raise ConfigError(f"{m} micro-batches must divide the batch of {len(x)} sequences")
+    b = len(x) // m
+    return [x[i * b:(i + 1) * b] for i in range(m)], [y[i * b:(i + 1) * b] for i in range(m)]
+
+
+def run_actions(comm, stage, actions, micro_x, micro_y):
+    """This rank's part of one pipeline step: every action of ``actions`` in order.
+    Returns the losses of the micro-batches (on the last stage; else an empty dict)."""
+    m = len(micro_x)
+    shape, dtype = stage.boundary(micro_x[0])
+    local, outgoing, sends = {}, [], []  # hand-offs between chunks of this rank; sends to post; to wait
+    for a in actions:
+        src = stage.source(a)
+        ops = list(outgoing)
+        if src is not None and src[0] != comm.rank:
+            ops.append(P2POp(comm.irecv, np.empty(shape, dtype), src[0]))
+        handles = comm.batch_isend_irecv(ops) if ops else []
+        sends += handles[:len(outgoing)]
+        if src is None:
+            inbound = None
+        elif src[0] == comm.rank:
+            inbound = local.pop((a.kind, a.microbatch, a.chunk))
+        else:
+            inbound = handles[-1].wait()
+        if a.kind == "F":
+            out = stage.forward(a, micro_x[a.microbatch] if stage.is_first(a.chunk) else inbound,
+                                micro_y[a.microbatch])
+        elif a.kind == "B":
+            out = stage.backward(a, inbound, scale=1.0 / m)
+        else:
+            stage.backward_weight(a)
+            out = None
+        dst = stage.destination(a)
+        outgoing = []
+        if dst is not None and dst[0] == comm.rank:
+            local[(a.kind, a.microbatch, dst[1])] = out
+        elif dst is not None:
+            outgoing = [P2POp(comm.isend, out, dst[0])]
+    if outgoing:
+        sends += comm.batch_isend_irecv(outgoing)
+    for h in sends:
+        h.wait()
+    return stage.losses
+
+
+@dataclass
+class PipelineRun:
+    """One step of a schedule on the emulator: the world (its timeline, trace, ledgers),
+    each rank's :class:`PipelineStage`, and the step's mean loss."""
+
+    world: object
+    stages: list
+    loss: float
+
+    @property
+    def bubble(self):
+        """Measured idle share of the step: 1 - compute / (ranks x makespan)."""
+        return self.world.timeline().idle_fraction()
+
+    def peak_activations(self):
+        """Peak bytes of activations each rank held."""
+        return [led.peak_by_kind["activations"] for led in self.world.memory]
+
+    def grads(self):
+        """The gradients of the whole model, gathered from every stage."""
+        return {f"{n}.{k}": v for s in self.stages for n, g in s.grads.items() for k, v in g.items()}
+
+
+def _stuck_report(exc, schedule, stages):
+    lines = [str(exc).splitlines()[0], "where each rank is in its schedule:"]
+    for r, acts in enumerate(schedule):
+        n = len(stages[r].done) if stages[r] is not None else 0
+        done = " ".join(map(str, acts[:n])) or "nothing"
+        if n == len(acts):
+            lines.append(f"  rank {r}: computed all {n} actions, then waits (in a send, or at the end)")
+        else:
+            lines.append(f"  rank {r}: computed {done}; its next action is #{n} {acts[n]}")
+    lines.append("what each rank waits in:")
+    lines += str(exc).splitlines()[1:]
+    return "\n".join(lines)
+
+
+def run(world, model, params, schedule, x, y, costs=None, loop=None, check=True):
+    """One step of ``schedule`` (a list per rank of actions) on ``world`` (one rank per
+    pipeline stage) for the batch ``(x, y)``. ``costs=(t_f, t_b, t_w)`` charges fixed
+    seconds per stage instead of FLOPs; ``loop`` replaces :func:`run_actions` (same
+    arguments); ``check=False`` runs a schedule without validating it first. Returns a
+    :class:`PipelineRun`."""
+    p, m, v, split = shape_of(schedule)
+    if world.size != p:
+        raise ConfigError(f"the schedule has {p} ranks, the world {world.size}")
+    if check:
+        validate(schedule)
+    micro_x, micro_y = micro_batches(x, y, m)
+    stages = [None] * p
+    loop = loop or run_actions
+
+    def rank_program(comm):
+        stages[comm.rank] = PipelineStage(comm, model, params, v=v, split=split, costs=costs)
+        return loop(comm, stages[comm.rank], schedule[comm.rank], micro_x, micro_y)
+
+    try:
+        results = world.run(rank_program)
+    except DeadlockError as exc:
+        raise DeadlockError(_stuck_report(exc, schedule, stages)) from None
+    losses = results[stages[-1].rank] if stages[-1] is not None else {}
+    return PipelineRun(world, stages, float(np.mean([losses[i] for i in sorted(losses)])) if losses else None)
+
+
+def train_pipeline(comm, model, params, batches, schedule, opt, costs=None):
+    """Train on ``batches`` with pipeline parallelism along the mesh axis ``pp`` (or the
+    whole world) and, if the mesh has a ``dp`` axis, data parallelism along it: each dp
+    replica runs its slice of every batch through ``schedule``; each stage then averages
+    its gradients over its dp group and steps its own optimizer. Returns
+    ``(this stage's parameters, losses per step on the last stage or None)``."""
+    axes = comm.mesh.axes if comm.mesh is not None else ()
+    pp = comm.group("pp") if "pp" in axes else comm
+    dp = comm.group("dp") if "dp" in axes else None
+    p, m, v, split = shape_of(schedule)
+    if pp.size != p:
+        raise ConfigError(f"the schedule has {p} ranks, the pipeline group {pp.size}")
+    stage = PipelineStage(pp, model, params, v=v, split=split, costs=costs)
+    state = opt.init(stage.flat_params())
+    comm.memory.hold("optimizer", state, "optimizer")
+    losses = []
+    for x, y in batches:
+        if dp is not None:
+            x, y = local_batch(dp, x, y)
+        micro_x, micro_y = micro_batches(x, y, m)
+        step_losses = run_actions(pp, stage, schedule[pp.rank], micro_x, micro_y)
+        grads = {f"{n}.{k}": g for n, gs in stage.grads.items() for k, g in gs.items()}
+        if dp is not None:  # once the last backward is done: one all-reduce per layer
+            for name, gs in stage.grads.items():
+                for k in gs:
+                    grads[f"{name}.{k}"] = dp.all_reduce(gs[k]) / dp.size
+        flat = stage.flat_params()
+        new, state = opt.step(flat, {k: g.astype(flat[k].dtype) for k, g in grads.items()}, state)
+        for key, value in new.items():
+            layer, name = _split_key(key, stage.params)
+            stage.params[layer][name] = value
+        for name in list(stage.grads):
+            comm.memory.release(f"grads {name}")
+        stage.grads = {}
+        stage.losses, stage.done = {}, []
+        losses.append(float(np.mean(list(step_losses.values()))) if step_losses else None)
+    return stage.flat_params(), losses
+
+
+def _split_key(key, layer_params):
+    for layer in layer_params:
+        if key.startswith(layer + "."):
+            return layer, key[len(layer) + 1:]
+    raise KeyError(key)

@@ -1,0 +1,260 @@
+"""Pipeline parallelism: schedules as data, their checks, the executor on the emulator."""
+
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from emulator import DeadlockError, Topology, World, nn
+from emulator.accounting import pp_bytes_per_boundary
+from emulator.accounting.pipeline import micro_batches_for_bubble, peak_in_flight, pipeline_bubble
+from emulator.parallel import pipeline as pp
+from emulator.training import synthetic_batches, train_single
+
+FREE = Topology.free_network()
+COSTS = (1e-3, 1e-3, 1e-3)
+
+
+def tiny(layers, dtype=np.float64, d=4):
+    model = nn.GPT(vocab=8, d_model=d, n_heads=1, d_ff=d, n_layers=layers, max_seq=4, dtype=dtype)
+    return model, model.init(np.random.default_rng(0))
+
+
+def grid(name):
+    """p in 1..8, m in 1..3p (interleaved: m a multiple of p, v = 2 and 3)."""
+    for p in range(1, 9):
+        for m in range(1, 3 * p + 1):
+            for v in ((2, 3) if name == "interleaved_1f1b" else (1,)):
+                if name != "interleaved_1f1b" or m % p == 0:
+                    yield name, p, m, v
+
+
+# ----------------------------------------------------------------- the contract
+def test_schedule_returns_actions_per_rank():
+    s = pp.schedule("1f1b", 4, 6)
+    assert len(s) == 4 and all(isinstance(a, pp.Action) for acts in s for a in acts)
+    assert pp.format_schedule(s).splitlines()[3] == "rank 3: F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5"
+    assert pp.format_schedule(s).splitlines()[0] == "rank 0: F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5"
+    assert pp.Action("F", 3, 1) == pp.Action(kind="F", microbatch=3, chunk=1)
+    assert str(pp.Action("B", 2)) == "B2" and str(pp.Action("W", 2, 1)) == "W2.1"
+    for name, p, m, v in [("gpipe", 3, 5, 1), ("interleaved_1f1b", 2, 4, 3), ("zb_h1", 4, 2, 1)]:
+        s = pp.schedule(name, p, m, v)
+        assert pp.parse(pp.format_schedule(s).replace("rank ", "").replace(":", "").split("\n")[0][2:]) == s[0]
+
+
+@pytest.mark.parametrize("args, words", [
+    (("pipedream", 4, 4), "unknown schedule"),
+    (("1f1b", 0, 4), "p must be"),
+    (("1f1b", 4, 0), "m must be"),
+    (("1f1b", 4, 2.5), "m must be"),
+    (("interleaved_1f1b", 4, 8, 1), "v >= 2"),
+    (("interleaved_1f1b", 4, 6, 2), "multiple of the pipeline size"),
+    (("gpipe", 4, 8, 2), "one chunk per rank"),
+])
+def test_bad_arguments_raise_value_error(args, words):
+    with pytest.raises(ValueError, match=words):
+        pp.schedule(*args)
+
+
+def test_pipeline_bubble_values_and_definitions():
+    assert [round(pipeline_bubble(4, m), 4) for m in (4, 32, 64)] == [round(3 / 7, 4), round(3 / 35, 4),
+                                                                       round(3 / 67, 4)]
+    assert pipeline_bubble(4, 4, of="ideal") == 3 / 4
+    assert pipeline_bubble(4, 8, v=2) == 3 / 19
+    assert pipeline_bubble(4, 8, v=2, of="ideal") == 3 / 16
+    # Problem 8.2: 12 stages, bubble at most 5%: 220 micro-batches over ideal time, 209 over total
+    assert micro_batches_for_bubble(12, 0.05, of="ideal") == 220
+    assert micro_batches_for_bubble(12, 0.05, of="total") == 209
+    assert pipeline_bubble(4, 8, schedule="zb_h1") == pytest.approx(3 / 27)
+    # a third of 1F1B's idle time (idle / work = bubble over ideal time)
+    assert pipeline_bubble(4, 8, of="ideal", schedule="zb_h1") == pytest.approx(
+        pipeline_bubble(4, 8, of="ideal", schedule="1f1b") / 3)
+    for bad in [dict(p=0, m=4), dict(p=4, m=-1), dict(p=4, m=4, of="wall"), dict(p=4, m=4, v=0),
+                dict(p=4, m=4, schedule="zb_h1", costs=(1, 1, 2)), dict(p=4, m=4, schedule="x")]:
+        with pytest.raises(ValueError):
+            pipeline_bubble(**bad)
+
+
+# ----------------------------------------------------------------- every schedule, every small shape
+@pytest.mark.parametrize("name", pp.NAMES)
+def test_every_schedule_is_valid_and_its_measured_bubble_is_the_formula(name):
+    """p in 1..8, m in 1..3p: each action once, in order; executed on the emulator (a free
+    network, equal stages) the idle share is the formula's; 1F1B holds at most p."""
+    for name, p, m, v in grid(name):
+        s = pp.schedule(name, p, m, v)
+        assert pp.validate(s, p, m, v) == (p, m, v, name == "zb_h1")
+        kinds = "FBW" if name == "zb_h1" else "FB"
+        for acts in s:
+            assert Counter(acts) == Counter(pp.Action(k, i, c) for k in kinds for i in range(m) for c in range(v))
+        model, params = tiny(p * v)
+        x = np.zeros((m, 2), dtype=np.int64)
+        run = pp.run(World(p, topology=FREE), model, params, s, x, x, costs=COSTS)
+        assert run.bubble == pytest.approx(pipeline_bubble(p, m, v, schedule=name), abs=1e-9), (name, p, m, v)
+        if v == 1:
+            held = pp.in_flight(s)
+            assert held == [peak_in_flight(name, p, m, r) for r in range(p)]
+            if name == "1f1b":
+                assert max(held) <= p and held[-1] == 1
+            if name != "zb_h1":  # one micro-batch's activations, times the count held, is the peak
+                for led, n in zip(run.world.memory, held):
+                    _, by_kind = led.history_by_kind()
+                    one = next(int(b) for b in by_kind["activations"] if b > 0)
+                    assert led.peak_by_kind["activations"] == n * one
+
+
+def test_simulation_and_emulator_agree_with_other_costs():
+    model, params = tiny(8)
+    x = np.zeros((8, 2), dtype=np.int64)
+    for name, v in [("1f1b", 1), ("zb_h1", 1), ("interleaved_1f1b", 2)]:
+        for costs in [(1e-3, 2e-3, 1e-3), (2e-3, 1.5e-3, 1e-3)]:
+            s = pp.schedule(name, 4, 8, v)
+            run = pp.run(World(4, topology=FREE), model, params, s, x, x, costs=costs)
+            assert run.bubble == pytest.approx(pp.bubble_of(pp.simulate(s, costs)), abs=1e-9)
+            assert run.bubble == pytest.approx(pipeline_bubble(4, 8, v, schedule=name, costs=costs), abs=1e-9)
+
+
+# ----------------------------------------------------------------- correctness against one device
+def reference_grads(model, params, x, y):
+    logits, cache = model.forward(params, x)
+    _, lc = nn.cross_entropy(logits, y)
+    return model.backward(params, cache, nn.cross_entropy_backward(lc))[1]
+
+
+@pytest.mark.parametrize("name, p, m, v", [("gpipe", 4, 4, 1), ("1f1b", 4, 8, 1), ("1f1b", 4, 2, 1),
+                                           ("1f1b", 1, 4, 1), ("interleaved_1f1b", 2, 4, 2),
+                                           ("interleaved_1f1b", 1, 2, 2), ("zb_h1", 4, 8, 1), ("zb_h1", 4, 2, 1)])
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-12), (np.float32, 2e-5)])
+def test_gradients_equal_one_device(name, p, m, v, dtype, tol):
+    model = nn.GPT(vocab=16, d_model=16, n_heads=2, d_ff=32, n_layers=4, max_seq=8, dtype=dtype)
+    params = model.init(np.random.default_rng(1))
+    (x, y), = synthetic_batches(1, 8, 8, 16, seed=2)
+    run = pp.run(World(p), model, params, pp.schedule(name, p, m, v), x, y)
+    ref = reference_grads(model, params, x, y)
+    got = run.grads()
+    assert set(got) == set(ref)
+    for k in ref:
+        np.testing.assert_allclose(got[k], ref[k], rtol=tol, atol=tol * 1e-2, err_msg=k)
+    assert run.loss == pytest.approx(nn.cross_entropy(model.forward(params, x)[0], y)[0], rel=tol)
+
+
+def test_pipeline_and_data_parallel_training_equals_one_device():
+    model = nn.GPT(vocab=16, d_model=16, n_heads=2, d_ff=32, n_layers=4, max_seq=8, dtype=np.float64)
+    params = model.init(np.random.default_rng(0))
+    batches = synthetic_batches(3, 8, 8, 16)
+    ref, ref_losses = train_single(model, dict(params), batches, nn.AdamW(lr=1e-2))
+    for mesh, name, m, v in [({"dp": 2, "pp": 2}, "1f1b", 2, 1), ({"dp": 2, "pp": 2}, "interleaved_1f1b", 2, 2),
+                             ({"pp": 4}, "zb_h1", 4, 1)]:
+        s = pp.schedule(name, mesh["pp"], m, v)
+        out = World(mesh=mesh).run(lambda comm: pp.train_pipeline(comm, model, params, batches, s,
+                                                                   nn.AdamW(lr=1e-2)))
+        got = {k: a for stage_params, _ in out for k, a in stage_params.items()}
+        assert set(got) == set(ref)
+        for k in ref:
+            np.testing.assert_allclose(got[k], ref[k], rtol=1e-9, atol=1e-12, err_msg=f"{name} {k}")
+        if "dp" not in mesh:
+            assert np.allclose(out[-1][1], ref_losses, rtol=1e-10)
+
+
+def test_dp_all_reduce_happens_after_the_last_backward():
+    model, params = tiny(2)
+    batches = synthetic_batches(1, 8, 4, 8)
+    world = World(mesh={"dp": 2, "pp": 2})
+    s = pp.schedule("1f1b", 2, 4)
+    world.run(lambda comm: pp.train_pipeline(comm, model, params, batches, s, nn.AdamW()))
+    tl = world.timeline()
+    for r in range(4):
+        last_compute = max(e.end for e in tl.of(r, "compute", "compute"))
+        reduces = [e for e in tl.events if e.rank == r and e.group == "dp"]
+        assert reduces and min(e.start for e in reduces) >= max(
+            e.end for e in tl.of(r, "compute", "compute") if e.name.startswith("B")) - 1e-15
+        assert last_compute >= 0
+
+
+# ----------------------------------------------------------------- messages and traffic
+def test_interleaving_multiplies_point_to_point_messages():
+    model, params = tiny(16, dtype=np.float32, d=8)
+    x = np.zeros((8, 4), dtype=np.int64)
+    counts = {}
+    for name, v in [("1f1b", 1), ("interleaved_1f1b", 2), ("interleaved_1f1b", 4)]:
+        world = World(4)
+        pp.run(world, model, params, pp.schedule(name, 4, 8, v), x, x)
+        sends = [c for calls in world.calls for c in calls if c.op == "send"]
+        counts[v] = len(sends)
+        assert all(c.nbytes == pp_bytes_per_boundary(1, 4, 8, dtype_bytes=4) for c in sends)
+    assert counts[1] == 2 * 8 * 3  # m micro-batches, forward and backward, over p - 1 boundaries
+    assert counts[2] == 2 * 8 * 7 and counts[4] == 2 * 8 * 15  # p v - 1 boundaries
+
+
+def test_messages_use_batch_isend_irecv_and_no_blocking_send():
+    model, params = tiny(4)
+    x = np.zeros((4, 2), dtype=np.int64)
+    world = World(4)
+    pp.run(world, model, params, pp.schedule("1f1b", 4, 4), x, x)
+    ops = Counter(c.op for calls in world.calls for c in calls)
+    assert set(ops) == {"send", "recv"} and ops["send"] == ops["recv"] == 2 * 4 * 3
+
+
+# ----------------------------------------------------------------- what goes wrong, said clearly
+def naive_blocking_loop(comm, stage, actions, micro_x, micro_y):
+    """Each stage sends with a blocking send right after computing: deadlocks under 1F1B."""
+    for a in actions:
+        src = stage.source(a)
+        inbound = comm.recv(src[0]) if src else None
+        if a.kind == "F":
+            out = stage.forward(a, micro_x[a.microbatch] if stage.is_first(a.chunk) else inbound,
+                                micro_y[a.microbatch])
+        else:
+            out = stage.backward(a, inbound, 1 / len(micro_x))
+        dst = stage.destination(a)
+        if dst:
+            comm.send(out, dst[0])
+    return stage.losses
+
+
+def test_blocking_sends_deadlock_and_the_report_names_each_ranks_action():
+    model, params = tiny(4)
+    x = np.zeros((8, 2), dtype=np.int64)
+    t0 = time.perf_counter()
+    with pytest.raises(DeadlockError) as info:
+        pp.run(World(4), model, params, pp.schedule("1f1b", 4, 8), x, x, loop=naive_blocking_loop)
+    assert time.perf_counter() - t0 < 1.0
+    text = str(info.value)
+    assert "rank 0: computed F0 F1 F2 F3; its next action is #4 B0" in text
+    assert "rank 3: computed F0 B0; its next action is #2 F1" in text
+    assert "rank 3 waits in send(dst=2)" in text
+
+
+def test_a_schedule_that_cannot_run_is_refused_or_reported():
+    stuck = pp.parse("F0 B0 F1 B1\nF0 F1 B0 B1")  # rank 0 waits for B0 before sending F1
+    with pytest.raises(pp.ScheduleError, match=r"rank 0 is stuck on action #1 B0: it needs B0 on rank 1"):
+        pp.validate(stuck)
+    model, params = tiny(2)
+    x = np.zeros((2, 2), dtype=np.int64)
+    with pytest.raises(DeadlockError, match=r"rank 1: computed F0; its next action is #1 F1"):
+        pp.run(World(2), model, params, stuck, x, x, check=False)
+    for text, words in [("F0 B0\nF0 B0 B0", "repeated: B0"), ("F0 F1 B0\nF0 B0 F1 B1", "missing: B1"),
+                        ("B0 F0\nF0 B0", "B0 comes before F0"), ("F0 F1 B1 B0\nF0 F1 B0 B1", "matched in order")]:
+        with pytest.raises(pp.ScheduleError, match=words):
+            pp.validate(pp.parse(text))
+    with pytest.raises(ValueError, match="not an action"):
+        pp.parse("F0 X1")
+    with pytest.raises(ValueError, match="must divide the batch of 2"):
+        pp.run(World(3), *tiny(3), pp.schedule("1f1b", 3, 3), x, x)
+    x3 = np.zeros((3, 2), dtype=np.int64)
+    with pytest.raises(ValueError, match="needs a number of blocks it divides"):
+        pp.run(World(3), *tiny(4), pp.schedule("1f1b", 3, 3), x3, x3)
+    with pytest.raises(ValueError, match="the schedule has 3 ranks, the world 2"):
+        pp.run(World(2), *tiny(3), pp.schedule("1f1b", 3, 3), x3, x3)
+
+
+def test_compute_is_charged_from_flops():
+    model, params = tiny(2, dtype=np.float32, d=8)
+    x = np.zeros((2, 4), dtype=np.int64)
+    world = World(2, topology=FREE)
+    run = pp.run(world, model, params, pp.schedule("gpipe", 2, 2), x, x)
+    f0 = next(e for e in world.timeline().of(1, "compute", "compute") if e.name == "F0")
+    h = np.zeros((1, 4, 8))
+    flops = model.blocks[1].flops(h.shape)["forward"] + model.head.flops(h.shape)["forward"]
+    assert f0.duration == pytest.approx(flops / FREE.flops)
+    assert run.loss is not None
