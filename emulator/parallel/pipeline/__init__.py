@@ -8,8 +8,8 @@ __all__ = ["Action", "format_schedule", "parse", "ScheduleError", "bubble_of", "
            "validate", "NAMES", "schedule"]
 
 from .check import in_flight  # noqa: E402
-from .executor import PipelineRun, micro_batches, run, run_actions, train_pipeline  # noqa: E402
+from .executor import PipelineRun, micro_batches, run, run_actions, sync_dp_grads, train_pipeline  # noqa: E402
 from .stage import PipelineStage, split_layers  # noqa: E402
 
-__all__ += ["in_flight", "PipelineRun", "micro_batches", "run", "run_actions", "train_pipeline", "PipelineStage",
+__all__ += ["in_flight", "PipelineRun", "micro_batches", "run", "run_actions", "sync_dp_grads", "train_pipeline", "PipelineStage",
             "split_layers"]

@@ -1,7 +1,7 @@
 """One executor for every schedule: each rank walks its list of actions.
 
-For each action the rank receives its input (if another rank produces it), computes, and
-sends its output on. Messages are posted with ``batch_isend_irecv``, the receive for the
+For each action the rank receives its input (if another rank produces it), computes,
+sends its output on, and frees a micro-batch's activations once its backward is done. Messages are posted with ``batch_isend_irecv``, the receive for the
 next action together with the send of the last one, as Megatron pairs them
 (``send_forward_recv_backward`` and friends): on NCCL, as here, a lone blocking send
 would wait for its receiver, and two neighbours sending to each other at once would wait
@@ -60,6 +60,8 @@ def run_actions(comm, stage, actions, micro_x, micro_y):
         else:
             stage.backward_weight(a)
             out = None
+        if stage.finishes_backward(a):
+            stage.free(a)
         dst = stage.destination(a)
         outgoing = []
         if dst is not None and dst[0] == comm.rank:
@@ -137,12 +139,25 @@ def run(world, model, params, schedule, x, y, costs=None, loop=None, check=True)
     return PipelineRun(world, stages, float(np.mean([losses[i] for i in sorted(losses)])) if losses else None)
 
 
-def train_pipeline(comm, model, params, batches, schedule, opt, costs=None):
+def sync_dp_grads(dp, grads):
+    """Average a stage's gradients (``{"layer.key": array}``) over its data-parallel group
+    ``dp``: flattened into one buffer, one all-reduce (one bucket per stage)."""
+    keys = sorted(grads)
+    flat = dp.all_reduce(np.concatenate([grads[k].ravel() for k in keys])) / dp.size
+    out, i = {}, 0
+    for k in keys:
+        out[k] = flat[i:i + grads[k].size].reshape(grads[k].shape)
+        i += grads[k].size
+    return out
+
+
+def train_pipeline(comm, model, params, batches, schedule, opt, costs=None, sync=sync_dp_grads, loop=None):
     """Train on ``batches`` with pipeline parallelism along the mesh axis ``pp`` (or the
     whole world) and, if the mesh has a ``dp`` axis, data parallelism along it: each dp
-    replica runs its slice of every batch through ``schedule``; each stage then averages
-    its gradients over its dp group and steps its own optimizer. Returns
-    ``(this stage's parameters, losses per step on the last stage or None)``."""
+    replica runs its slice of every batch through ``schedule``; once a stage's last
+    backward is done, ``sync(dp_group, grads)`` averages its gradients over its dp group,
+    and it steps its own optimizer. Returns ``(this stage's parameters, losses per step
+    on the last stage, else None)``."""
     axes = comm.mesh.axes if comm.mesh is not None else ()
     pp = comm.group("pp") if "pp" in axes else comm
     dp = comm.group("dp") if "dp" in axes else None
@@ -157,12 +172,10 @@ def train_pipeline(comm, model, params, batches, schedule, opt, costs=None):
         if dp is not None:
             x, y = local_batch(dp, x, y)
         micro_x, micro_y = micro_batches(x, y, m)
-        step_losses = run_actions(pp, stage, schedule[pp.rank], micro_x, micro_y)
+        step_losses = (loop or run_actions)(pp, stage, schedule[pp.rank], micro_x, micro_y)
         grads = {f"{n}.{k}": g for n, gs in stage.grads.items() for k, g in gs.items()}
-        if dp is not None:  # once the last backward is done: one all-reduce per layer
-            for name, gs in stage.grads.items():
-                for k in gs:
-                    grads[f"{name}.{k}"] = dp.all_reduce(gs[k]) / dp.size
+        if dp is not None:
+            grads = sync(dp, grads)
         flat = stage.flat_params()
         new, state = opt.step(flat, {k: g.astype(flat[k].dtype) for k, g in grads.items()}, state)
         for key, value in new.items():
@@ -170,8 +183,7 @@ def train_pipeline(comm, model, params, batches, schedule, opt, costs=None):
             stage.params[layer][name] = value
         for name in list(stage.grads):
             comm.memory.release(f"grads {name}")
-        stage.grads = {}
-        stage.losses, stage.done = {}, []
+        stage.grads, stage.losses, stage.done = {}, {}, []
         losses.append(float(np.mean(list(step_losses.values()))) if step_losses else None)
     return stage.flat_params(), losses
 

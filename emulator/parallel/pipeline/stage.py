@@ -11,9 +11,9 @@ the last, as Megatron does. Chunk ``c`` of pipeline rank ``r`` is virtual stage
 :func:`emulator.parallel.pipeline.executor.run_actions`. It keeps the rank's ledger:
 
 * ``activations``: everything a chunk's forward cached for a micro-batch, held from ``F``
-  to the end of its backward (``B``, or ``W`` when the backward is split: the weight
-  gradient needs the layers' inputs, and the output gradients ``B`` stored for it are
-  held too, under ``grad-out``);
+  until the loop calls :meth:`PipelineStage.free` once its backward is done (``B``, or
+  ``W`` when the backward is split: the weight gradient needs the layers' inputs; the
+  output gradients ``B`` keeps for ``W`` are held too, under ``grad-out``);
 * ``params`` and ``grads`` of its own layers only.
 
 Compute is charged from each layer's FLOPs, or, with ``costs=(t_f, t_b, t_w)``, as fixed
@@ -73,6 +73,7 @@ class PipelineStage:
         self.saved = {}  # (mb, chunk) -> (inputs per layer, caches per layer)
         self.grad_out = {}  # (mb, chunk) -> output gradient per layer, kept from B for W
         self.losses = {}
+        self.backward_done = set()  # (mb, chunk) whose weight gradients are in, activations not yet freed
         self.done = []  # the actions computed so far, in order
 
     # ----------------------------------------------------------------- where messages go
@@ -145,7 +146,7 @@ class PipelineStage:
         loss on the last stage, times ``scale``); with an unsplit schedule the weight
         gradients too. Returns the gradient to send back (None on the first stage)."""
         mb, c = action.microbatch, action.chunk
-        inputs, caches, *loss = self.saved[(mb, c)]
+        inputs, caches, *loss = self._saved(mb, c)
         if loss:
             dy = nn.cross_entropy_backward(loss[0], scale)
         outs = [None] * len(caches)
@@ -166,9 +167,12 @@ class PipelineStage:
     def backward_weight(self, action):
         """``W``: the weight gradients of the chunk's layers, from what ``B`` kept."""
         mb, c = action.microbatch, action.chunk
+        if (mb, c) not in self.grad_out:
+            raise ConfigError(f"rank {self.comm.global_rank}: {action} before B{mb}{'.' + str(c) if c else ''}: the "
+                              f"weight gradient needs the output gradients that B computes")
         outs = self.grad_out.pop((mb, c))
         self.memory.release(f"grad-out {mb}.{c}")
-        inputs = self.saved[(mb, c)][0]
+        inputs = self._saved(mb, c)[0]
         self._charge(str(action), c, lambda: self._flops(c, inputs, ("backward_weight",)))
         self.done.append(action)
         self._weights(mb, c, outs)
@@ -177,7 +181,7 @@ class PipelineStage:
         return sum(layer.flops(np.shape(x))[k] for (_, layer), x in zip(self.chunks[c], inputs) for k in kinds)
 
     def _weights(self, mb, c, outs):
-        _, caches, *_ = self.saved.pop((mb, c))
+        _, caches, *_ = self._saved(mb, c)
         for (name, layer), cache, dy in zip(self.chunks[c], caches, outs):
             g = layer.backward_weight(upcast(self.params[name]), cache, dy)
             if name in self.grads:
@@ -186,6 +190,28 @@ class PipelineStage:
             else:
                 self.grads[name] = g
                 self.memory.hold(f"grads {name}", g, "grads")
+        self.backward_done.add((mb, c))
+
+    def _saved(self, mb, c):
+        if (mb, c) not in self.saved:
+            raise ConfigError(f"rank {self.comm.global_rank}: the activations of micro-batch {mb} on chunk {c} are "
+                              f"gone: their forward has not run, or they were freed before their backward")
+        return self.saved[(mb, c)]
+
+    def finishes_backward(self, action):
+        """Whether ``action`` is the last one that needs its micro-batch's activations:
+        ``B`` in a schedule without ``W``, else ``W``."""
+        return action.kind == ("W" if self.split else "B")
+
+    def free(self, action):
+        """Release the activations of ``action``'s micro-batch and chunk (after the
+        action that :meth:`finishes_backward`)."""
+        mb, c = action.microbatch, action.chunk
+        if (mb, c) not in self.backward_done:
+            raise ConfigError(f"rank {self.comm.global_rank}: free({action}) before the backward of micro-batch {mb} "
+                              f"on chunk {c} is done; its {'W' if self.split else 'B'} still needs the activations")
+        self.backward_done.discard((mb, c))
+        del self.saved[(mb, c)]
         self.memory.release(f"act {mb}.{c}")
 
     def flat_params(self):
