@@ -27,8 +27,9 @@ from .messages import Messages
 from .rendezvous import Handle
 
 DEADLOCK_HINT = (
-    "hint: on NCCL, as here, a send completes only once the receiver posts the matching recv, so a ring "
-    "in which every rank first sends and then receives waits forever. Post both at once with\n"
+    "hint: on NCCL, as here, a send completes only once the receiver posts the matching recv, so ranks "
+    "that each send before they receive (a ring, or two pipeline stages sending to each other) wait forever. "
+    "Post both at once with\n"
     "  comm.batch_isend_irecv([P2POp(comm.isend, x, right), P2POp(comm.irecv, buffer, left)])\n"
     "and wait on the handles, or alternate the order (even ranks send first, odd ranks receive first).")
 

@@ -18,10 +18,12 @@ def _axes(ax, figsize):
     return ax.figure, ax
 
 
-def gantt(timeline, ax=None, title=None, unit="ms", label_events=True, figsize=None):
+def gantt(timeline, ax=None, title=None, unit="ms", label_events=True, figsize=None, colors=None):
     """Draw a timeline (``world.timeline()`` or a world): for every rank a compute lane and,
     under it, one thinner lane per communication stream it used (``comm tp``, ``comm dp``,
-    ``p2p 0->1``), each named on the left. Idle time on the compute lane is grey."""
+    ``p2p 0->1``), each named on the left. Idle time on the compute lane is grey.
+    ``colors``: {first letter of a compute event's name: colour}, e.g. a pipeline's F, B
+    and W (:data:`emulator.schedule_viz.ACTION_COLORS`)."""
     if hasattr(timeline, "timeline"):
         timeline = timeline.timeline()
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
@@ -36,6 +38,8 @@ def gantt(timeline, ax=None, title=None, unit="ms", label_events=True, figsize=N
         compute = e.stream == "compute"
         h = 0.8 if compute else 0.55
         color = COLORS[e.kind] if compute else COLORS["comm"]
+        if colors and compute and e.kind == "compute":
+            color = colors.get(e.name[:1], color)
         ax.broken_barh([(e.start * scale, e.duration * scale)], (y - h / 2, h), facecolors=color,
                        edgecolor="white", linewidth=0.5)
         wide = e.duration * scale > 0.04 * max(timeline.makespan * scale, 1e-30)
@@ -51,7 +55,10 @@ def gantt(timeline, ax=None, title=None, unit="ms", label_events=True, figsize=N
     ax.set_ylim(len(labels) - 0.5, -0.6)
     ax.set_xlim(0, max(timeline.makespan * scale, 1e-12))
     ax.set_xlabel(f"simulated time ({unit})")
-    handles = [Patch(color=COLORS[k], label=k) for k in ("compute", "comm", "idle")]
+    kinds = {k: COLORS[k] for k in ("compute", "comm", "idle")}
+    if colors:
+        kinds = {**{k: c for k, c in colors.items()}, "comm": COLORS["comm"], "idle": COLORS["idle"]}
+    handles = [Patch(color=c, label=k) for k, c in kinds.items()]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     if title:
         ax.set_title(title)

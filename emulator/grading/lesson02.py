@@ -14,7 +14,7 @@ from ..parallel import sequence_parallel as SP
 from ..parallel import tensor_parallel as TP
 from ..parallel import vocab_parallel as VP
 from ..parallel.tp_block import TensorParallelBlock
-from .common import CheckFailed, check_close, compare_arrays, expect, passed, run_on_emulator
+from .common import CheckFailed, check_close, compare_arrays, expect, passed, run_on_emulator, variants
 from .refuse import refusing
 
 LIBRARY = (TP.ColumnParallelLinear, TP.RowParallelLinear, TensorParallelBlock, SP.all_gather_dim,
@@ -209,16 +209,7 @@ def check_vocab_parallel_cross_entropy(fn):
 
 
 def _variants(name, fn, cases, model, unit, labels):
-    for i, case in enumerate(cases):
-        with refusing(name, *LIBRARY):
-            got = fn() if i == 0 else fn(**case)
-        want = model(**case)
-        expect(isinstance(got, tuple) and len(got) == len(want), f"{name}: return {len(want)} numbers: "
-                                                                 f"{', '.join(labels)}")
-        args = ", ".join(f"{k}={v:g}" for k, v in case.items())
-        for label, g, w in zip(labels, got, want):
-            check_close(f"{name} ({label}, {args})", g, w, unit=unit, quiet=True)
-    return model(**cases[0])
+    return variants(name, fn, cases, model, unit, labels, LIBRARY)
 
 
 def problem_8_3(fn):
