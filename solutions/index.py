@@ -63,7 +63,7 @@
 # | 00 | [Collectives](00_collectives.ipynb) | ring reduce-scatter, all-gather, all-reduce in the global view and from point-to-point calls; alpha-beta cost; bus bandwidth; channels over NICs | ring stepper | `gpu_labs/00_collectives.py` |
 # | 01 | [Data parallelism and ZeRO](01_data_parallel.ipynb) | DDP with overlapped buckets, ZeRO-2, ZeRO-3 with prefetch, on a small GPT; memory over time and traffic measured | ZeRO memory explorer | `gpu_labs/01_data_parallel.py` |
 # | 02 | [Tensor and sequence parallelism](02_tensor_parallel.ipynb) | Megatron MLP and attention by heads, the f/g operators, sequence-parallel regions and their missing all-reduce, vocabulary-parallel cross-entropy; activation memory measured term by term | activation memory explorer | `gpu_labs/02_tensor_parallel.py` |
-# | 03 | Pipeline parallelism *(planned)* | GPipe, 1F1B, interleaved, zero-bubble schedules | schedule explorer | |
+# | 03 | [Pipeline parallelism](03_pipeline.ipynb) | the 1F1B schedule as data, the per-rank loop that runs any schedule with `batch_isend_irecv`, the DP+PP gradient average; GPipe, 1F1B, interleaved and zero-bubble (ZB-H1) bubbles and memory measured | schedule explorer | `gpu_labs/03_pipeline.py` |
 # | 04 | Context parallelism *(planned)* | ring attention with online softmax | ring attention stepper | |
 # | 05 | Expert parallelism *(planned)* | MoE routing, all-to-all dispatch | routing explorer | |
 # | 06 | The mesh *(planned)* | DP x TP x PP composed; planner; case studies | mesh planner | |
@@ -114,7 +114,12 @@
 # | **vocabulary parallelism** | the embedding and output layer split by vocabulary; the loss needs only per-token sums across ranks |
 # | **activation memory** | what a layer keeps from forward for backward: sbh(34 + 5as/h) bytes per layer (Korthikanti et al.) |
 # | **pipeline parallelism (PP)** | the layer stack cut into stages on different ranks; micro-batches flow through |
-# | **bubble** | time a pipeline stage sits idle |
+# | **stage**, **virtual stage** | a pipeline rank's run of layers; with interleaving each rank holds v non-contiguous chunks, virtual stages c·p + r |
+# | **bubble** | time a pipeline stage sits idle: (p-1)/(m+p-1) of the step for GPipe and 1F1B, or (p-1)/m over the ideal time |
+# | **schedule** | per rank, the ordered list of actions F (forward), B (backward, or its input-gradient part) and W (weight gradient) |
+# | **GPipe, 1F1B** | all forwards then all backwards; or one forward one backward after a warm-up, which holds at most p micro-batches |
+# | **interleaved 1F1B** | 1F1B over v chunks per rank: the bubble divided by v, v times the point-to-point messages |
+# | **zero bubble (ZB-H1)** | the backward split into B and W, the W's moved into the idle gaps |
 # | **context parallelism (CP)** | the sequence split across ranks; ring attention passes K/V around |
 # | **expert parallelism (EP)** | a mixture-of-experts layer's experts on different ranks; tokens travel by all-to-all |
 # | **micro-batch** | a slice of the batch processed as a unit (pipelines, gradient accumulation) |

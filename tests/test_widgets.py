@@ -62,3 +62,25 @@ def test_activation_explorer_model_and_widget():
     assert w.summary.value != before and w.image.value != image and "measured on the emulator" in w.summary.value
     w.a.value = 96  # 64 is not divisible by 96 heads: said in the widget, not raised
     assert "divisible" in w.summary.value
+
+
+def test_schedule_explorer_model_and_widget():
+    from emulator.accounting import pipeline_bubble
+    from emulator.widgets import ScheduleExplorer, schedule_explorer_model
+
+    m = schedule_explorer_model("1f1b", 4, 8)
+    assert m["bubble"] == pytest.approx(pipeline_bubble(4, 8), abs=1e-9)
+    assert m["formula"] == pipeline_bubble(4, 8)
+    assert m["held"] == [4, 3, 2, 1] == m["predicted"]  # measured from the ledger, and the schedule's count
+    z = schedule_explorer_model("zb_h1", 4, 8, ratio=(1, 1, 1))
+    assert z["bubble"] == pytest.approx(pipeline_bubble(4, 8, schedule="zb_h1"), abs=1e-9)
+    assert z["bubble"] < m["bubble"]
+    assert schedule_explorer_model("zb_h1", 4, 8, ratio=(1, 1, 2))["formula"] is None  # W > B: no formula, said
+    w = ScheduleExplorer("1f1b", p=4, m=8)
+    before, image = w.summary.value, w.image.value
+    w.schedule.value = "gpipe"
+    assert w.summary.value != before and w.image.value != image and "8, 8, 8, 8" in w.summary.value
+    w.schedule.value = "interleaved_1f1b"  # v is still 1: said in the widget, not raised
+    assert "needs v >= 2" in w.summary.value
+    w.v.value = 2
+    assert "measured bubble 15.79%; formula 15.79%" in w.summary.value

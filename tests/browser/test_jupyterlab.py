@@ -96,8 +96,27 @@ def drive_activation_explorer(page, shot):
     cell.screenshot(path=str(shot("activation_explorer_sp_selective")))
 
 
+def drive_schedule_explorer(page, shot):
+    """Switch the schedule to GPipe, then raise the micro-batches; the bubble follows."""
+    cell = widget_cell(page, ".schedule-summary")
+    summary = cell.locator(".schedule-summary")
+    cell.locator("img").first.wait_for(state="visible")
+    cell.screenshot(path=str(shot("schedule_explorer_start")))
+    before = summary.inner_text()
+    cell.locator(".widget-dropdown", has=page.locator("label:text-is('schedule')")).locator("select").select_option(
+        "gpipe")
+    text = wait_text_change(summary, before, seconds=30)
+    assert "measured bubble 27.27%; formula 27.27%" in text, text
+    handle = cell.locator(".widget-hslider", has=page.locator("label:text-is('m (micro)')")).locator(".noUi-handle")
+    handle.focus()
+    handle.press("ArrowRight")
+    text = wait_text_change(summary, text, seconds=30)
+    assert "measured bubble 25.00%; formula 25.00%" in text, text
+    cell.screenshot(path=str(shot("schedule_explorer_gpipe_m9")))
+
+
 DRIVERS = {"00_collectives": [drive_ring_stepper], "01_data_parallel": [drive_zero_explorer],
-           "02_tensor_parallel": [drive_activation_explorer]}
+           "02_tensor_parallel": [drive_activation_explorer], "03_pipeline": [drive_schedule_explorer]}
 
 
 @pytest.fixture(scope="module")
