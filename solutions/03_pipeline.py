@@ -510,8 +510,8 @@ def sync_dp_grads(dp, grads):
 grade.check_dp_sync(sync_dp_grads)
 
 # %% [markdown]
-# Three steps of training on a 2 x 4 mesh (two replicas of a 4-stage 1F1B pipeline),
-# against the same model trained on one device:
+# Three steps of training on a 2 x 4 mesh (two replicas of a 4-stage 1F1B pipeline, the
+# library's average, `pp.sync_dp_grads`), against the same model trained on one device:
 
 # %%
 model64 = nn.GPT(vocab=64, d_model=32, n_heads=4, d_ff=128, n_layers=8, max_seq=16, dtype=np.float64)
@@ -521,7 +521,7 @@ ref, ref_losses = train_single(model64, dict(params64), batches, nn.AdamW(lr=1e-
 world = World(mesh={"dp": 2, "pp": 4})
 s = pp.schedule("1f1b", 4, 4)
 out = world.run(lambda comm: pp.train_pipeline(comm, model64, params64, batches, s, nn.AdamW(lr=1e-2),
-                                               sync=sync_dp_grads))
+                                               sync=pp.sync_dp_grads))
 trained = {k: a for stage_params, _ in out for k, a in stage_params.items()}
 print(f"largest difference from one device after 3 steps: {max(np.abs(trained[k] - ref[k]).max() for k in ref):.1e}")
 viz.gantt(world.timeline(), label_events=False, colors=ACTION_COLORS,

@@ -125,3 +125,23 @@ def test_tensor_parallel_lab(n, dtype, tmp_path):
         world = World(mesh={"tp": n})
         world.run(prog)
         same_calls(tmp_path / f"02_tensor_parallel.{'sp' if sp else 'tp'}.calls.json", world)
+
+
+@pytest.mark.parametrize("n,dtype", [(2, "float64"), (4, "float64"), (2, "float32"), (4, "float32")])
+def test_pipeline_lab(n, dtype, tmp_path):
+    from emulator.parallel import pipeline as pp
+
+    out = torchrun(n, "03_pipeline.py", "--dtype", dtype, "--steps", "1", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    for name in ("1F1B by hand", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B"):
+        assert f"{name}: loss and every gradient match one process" in out.stdout, out.stdout
+    bubble = next(line for line in out.stdout.splitlines() if line.startswith("bubble of 1F1B by hand"))
+    measured, emulated = (float(part.split()[-1].rstrip("%")) for part in bubble.split("|")[:2])
+    assert 0 < emulated <= measured < 100
+    np_dtype = np.float64 if dtype == "float64" else np.float32
+    m = 2 * n  # the lab's model and batch, on the emulator's executor: the same calls, rank by rank
+    model = nn.GPT(vocab=32, d_model=32, n_heads=4, d_ff=64, n_layers=2 * n, max_seq=16, dtype=np_dtype)
+    x = np.zeros((2 * m, 16), dtype=np.int64)
+    world = World(n)
+    pp.run(world, model, model.init(np.random.default_rng(0)), pp.schedule("1f1b", n, m), x, x)
+    same_calls(tmp_path / "03_pipeline.calls.json", world)

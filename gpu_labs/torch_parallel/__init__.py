@@ -5,6 +5,9 @@
 * ``sharded_optimizer.ShardedOptimizer``: ZeRO-1 over any ``torch.optim`` optimizer.
 * ``tensor_parallel.TPBlock``: a Megatron transformer block (column- then row-parallel,
   f/g as autograd functions, optional sequence parallelism), call for call the emulator's.
+* ``pipeline.Executor``: a pipeline schedule from ``emulator.parallel.pipeline`` run over
+  ``batch_isend_irecv`` on ``GPTStage`` chunks of the course GPT (also usable under
+  ``torch.distributed.pipelining``), call for call the emulator's executor.
 * ``data_parallel``: the course GPT's DDP and ZeRO-1/2/3 written call for call as
   ``emulator.parallel`` runs them (lab 01 compares the traces).
 """

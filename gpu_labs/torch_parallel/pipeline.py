@@ -1,0 +1,142 @@
+"""A pipeline executor on ``torch.distributed`` point to point: the loop of
+``emulator.parallel.pipeline.run_actions``, call for call, for the course GPT.
+
+* :class:`GPTStage` is a ``torch.nn.Module`` holding a run of the GPT's layers (names as in
+  ``emulator.nn.GPT.layers``: ``embed``, ``blocks.i``, ``head``) with the emulator's
+  parameters; ``torch.distributed.pipelining.PipelineStage`` can wrap it too.
+* :class:`Executor` runs a schedule (``emulator.parallel.pipeline.schedule``: per rank a
+  list of ``Action(kind, microbatch, chunk)`` with kinds F and B) on this rank's chunks: for
+  each action it posts the receive of its input together with the sends of the previous
+  action in one ``batch_isend_irecv``, waits for the receive, computes, and waits for every
+  send at the end of the step. It records when each action ran, so the bubble can be
+  measured, and every call through a ``trace.Recorder``.
+"""
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from emulator.nn import torch_reference as R
+
+
+def layer_of(key):
+    """``"blocks.3.attn.q.w"`` -> ``"blocks.3"``; ``"embed.tok.w"`` -> ``"embed"``."""
+    parts = key.split(".")
+    return ".".join(parts[:2]) if parts[0] == "blocks" else parts[0]
+
+
+class GPTStage(torch.nn.Module):
+    """The layers ``names`` of the course GPT, parameters from ``params`` (numpy)."""
+
+    def __init__(self, params, names, n_heads, device, dtype):
+        super().__init__()
+        self.names, self.n_heads = list(names), n_heads
+        self.weights = torch.nn.ParameterDict({
+            k.replace(".", "__"): torch.nn.Parameter(torch.tensor(v, device=device, dtype=dtype))
+            for k, v in params.items() if layer_of(k) in self.names})
+
+    def p(self):
+        return {k.replace("__", "."): v for k, v in self.weights.items()}
+
+    def forward(self, x):
+        p = self.p()
+        for name in self.names:
+            if name == "embed":
+                x = p["embed.tok.w"][x] + p["embed.pos.w"][: x.shape[1]]
+            elif name == "head":
+                x = R.layer_norm(p, x, "head.ln.") @ p["head.proj.w"]
+            else:
+                x = R.block(p, x, name + ".", self.n_heads)
+        return x
+
+    def grads(self):
+        """{"layer.key": gradient} as numpy."""
+        return {k.replace("__", "."): v.grad.detach().cpu().numpy() for k, v in self.weights.items()
+                if v.grad is not None}
+
+
+def loss_fn(logits, targets):
+    """Mean cross-entropy over the tokens of a micro-batch (``emulator.nn.cross_entropy``)."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class Executor:
+    """Rank ``rank`` of a ``p``-rank pipeline holding ``chunks`` (chunk index -> GPTStage);
+    ``boundary`` is the shape of a micro-batch's activations between stages."""
+
+    def __init__(self, chunks, p, rank, rec, boundary, device, dtype):
+        self.chunks, self.p, self.rank, self.rec = chunks, p, rank, rec
+        self.boundary, self.device, self.dtype = boundary, device, dtype
+        self.last = p * len(chunks) - 1
+        self.events = []  # (kind, start, end) of each action, seconds since the step began
+
+    def _peer(self, a, towards):
+        s = a.chunk * self.p + self.rank + towards
+        return s % self.p if 0 <= s <= self.last else None
+
+    def step(self, actions, micro_x, micro_y):
+        """Run this rank's ``actions``; returns the losses of the micro-batches (last stage)."""
+        m = len(micro_x)
+        pending, sends, saved, losses = [], [], {}, {}
+        clock = _Clock(self.device)
+        for a in actions:
+            s = a.chunk * self.p + self.rank
+            src = self._peer(a, -1 if a.kind == "F" else 1)
+            buf = torch.empty(self.boundary, device=self.device, dtype=self.dtype) if src is not None else None
+            ops = pending + ([("recv", buf, src)] if src is not None else [])
+            works = self.rec.batch_isend_irecv(ops) if ops else []
+            sends += works[:len(pending)]
+            if src is not None:
+                works[-1].wait()
+            start = clock.mark()
+            if a.kind == "F":
+                inp = micro_x[a.microbatch] if s == 0 else buf.requires_grad_(True)
+                out = self.chunks[a.chunk](inp)
+                if s == self.last:
+                    out = loss_fn(out, micro_y[a.microbatch])
+                    losses[a.microbatch] = out.item()
+                    out = out / m
+                saved[(a.microbatch, a.chunk)] = (inp, out)
+                result = out.detach() if s != self.last else None
+            elif a.kind == "B":
+                inp, out = saved.pop((a.microbatch, a.chunk))
+                out.backward(None if s == self.last else buf)
+                result = inp.grad if s > 0 else None
+            else:
+                raise ValueError(f"this executor runs F and B actions (the backward whole), got {a}")
+            self.events.append((a.kind, start, clock.mark()))
+            dst = self._peer(a, 1 if a.kind == "F" else -1)
+            pending = [("send", result, dst)] if dst is not None else []
+        if pending:
+            sends += self.rec.batch_isend_irecv(pending)
+        for w in sends:
+            w.wait()
+        self.events = clock.resolve(self.events)
+        return losses
+
+
+class _Clock:
+    """Timestamps of actions: wall time on a CPU; CUDA events on a GPU, read after the step
+    (so timing does not synchronise the GPU between actions)."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.zero = torch.cuda.Event(enable_timing=True)
+            self.zero.record()
+        else:
+            self.zero = time.perf_counter()
+
+    def mark(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter() - self.zero
+
+    def resolve(self, events):
+        if not self.cuda:
+            return events
+        torch.cuda.synchronize()
+        return [(k, self.zero.elapsed_time(s) / 1e3, self.zero.elapsed_time(e) / 1e3) for k, s, e in events]
