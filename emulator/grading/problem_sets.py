@@ -1,4 +1,4 @@
-"""Per-student variants of the napkin problems and Problem 8.1, and their model answers.
+"""Per-student variants of the napkin problems and Problems 8.1 and 8.2, and their model answers.
 
 Each student gets the same problems with other numbers, drawn from their id (so a sheet
 can be made again and graded later without storing anything). The model answers are the
@@ -10,7 +10,7 @@ import hashlib
 
 import numpy as np
 
-from ..accounting import zero_bytes_per_gpu
+from ..accounting import micro_batches_for_bubble, zero_bytes_per_gpu
 from ..cost import busbw, collective_time, crossover_bytes
 from ..topology import Link, Topology
 
@@ -50,6 +50,18 @@ def problem_8_1(rng):
             "gpu_gb": _pick(rng, [40, 80, 141])}
 
 
+def problem_8_2(rng):
+    return {"p": _pick(rng, [6, 8, 12, 16, 24, 32]), "target": _pick(rng, [0.02, 0.04, 0.05, 0.1]),
+            "seqs_per_micro": _pick(rng, [1, 2, 4, 8])}
+
+
+def napkin_3_1(rng):
+    p = _pick(rng, [4, 6, 8, 12, 16])
+    per = _pick(rng, [0.5e9, 1e9, 2e9, 3e9])
+    return {"p": p, "per_micro_batch": per, "budget": per * int(rng.integers(p, 4 * p)) + 0.5e9,
+            "max_m": _pick(rng, [64, 128, 256, 512])}
+
+
 PROBLEMS = {
     "Napkin 0.1": (napkin_0_1, "A model of {n_params:g} parameters keeps bf16 gradients. Data parallelism over "
                                "{n_gpus} GPUs, {gpus_per_node} per node (one 400G NIC per GPU), all-reduces them "
@@ -65,6 +77,15 @@ PROBLEMS = {
                                  "GB per GPU (1 GB = 1e9 bytes) for parameters, gradients and optimizer state under "
                                  "ZeRO stages 0 to 3, and which stages fit in {gpu_gb} GB? Answer: "
                                  "{{\"0\": [params, grads, optimizer], ..., \"3\": [...], \"fits\": [stages]}}."),
+    "Problem 8.2": (problem_8_2, "A model is pipelined over {p} stages. How many micro-batches keep the bubble at or "
+                                 "under {target:g} of the ideal step ((p-1)/m)? With {seqs_per_micro} sequences per "
+                                 "micro-batch, how many sequences per step? And how many micro-batches keep the idle "
+                                 "share of the whole step ((p-1)/(m+p-1)) at or under {target:g}? Answer: "
+                                 "[micro-batches, sequences, micro-batches]."),
+    "Napkin 3.1": (napkin_3_1, "A {p}-stage pipeline's first stage can spend {budget:g} bytes on activations; one "
+                               "micro-batch costs it {per_micro_batch:g} bytes; the global batch allows at most "
+                               "{max_m} micro-batches. The most micro-batches GPipe can run and its bubble (idle share "
+                               "of the step), then the same for 1F1B. Answer: [m, bubble, m, bubble]."),
 }
 
 
@@ -85,6 +106,13 @@ def model_answer(problem, p):
         return busbw("all_reduce", p["nbytes"], p["n"], p["seconds"]) / 1e9
     if problem == "Napkin 0.3":
         return crossover_bytes(p["n"], Link("link", p["alpha"], p["beta"]))
+    if problem == "Problem 8.2":
+        m = micro_batches_for_bubble(p["p"], p["target"], of="ideal")
+        return [m, m * p["seqs_per_micro"], micro_batches_for_bubble(p["p"], p["target"], of="total")]
+    if problem == "Napkin 3.1":
+        from .lesson03 import memory_vs_bubble
+
+        return list(memory_vs_bubble(**p))
     parts = {z: zero_bytes_per_gpu(p["n_params"], p["dp_size"], z) for z in range(4)}
     answer = {str(z): [b.params / 1e9, b.grads / 1e9, b.optimizer / 1e9] for z, b in parts.items()}
     answer["fits"] = [z for z, b in parts.items() if b / 1e9 <= p["gpu_gb"]]
@@ -117,6 +145,9 @@ def grade_answer(problem, p, answer):
     if isinstance(want, list):
         if not (isinstance(answer, (list, tuple)) and len(answer) == len(want)):
             return False, f"expected {len(want)} numbers"
-        bad = [i for i, (g, w) in enumerate(zip(answer, want)) if not _close(g, w)]
-        return (not bad), (f"answer {bad[0] + 1} is off by more than {TOLERANCE:.0%}" if bad else "")
+        bad = [i for i, (g, w) in enumerate(zip(answer, want)) if not (g == w if isinstance(w, int) else _close(g, w))]
+        if not bad:
+            return True, ""
+        exact = isinstance(want[bad[0]], int)
+        return False, f"answer {bad[0] + 1} is {'not the exact count' if exact else f'off by more than {TOLERANCE:.0%}'}"
     return (_close(answer, want), "" if _close(answer, want) else f"{answer} is off by more than {TOLERANCE:.0%}")
