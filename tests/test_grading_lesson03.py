@@ -8,6 +8,7 @@ from emulator.grading import CheckFailed
 from emulator.grading import lesson03 as g
 from emulator.parallel import pipeline as pp
 from emulator.parallel.pipeline import Action
+from tests.pipeline_loops import blocking_loop
 
 
 # ----------------------------------------------------------------- Exercise 3.1
@@ -133,23 +134,8 @@ def test_stage_loop_check(capsys):
 
 
 def test_stage_loop_check_reports_a_deadlock_and_refuses_the_library():
-    def blocking(comm, stage, actions, micro_x, micro_y):
-        for a in actions:
-            src = stage.source(a)
-            inbound = comm.recv(src[0]) if src else None
-            if a.kind == "F":
-                out = stage.forward(a, micro_x[a.microbatch] if stage.is_first(a.chunk) else inbound,
-                                    micro_y[a.microbatch])
-            else:
-                out = stage.backward(a, inbound, 1 / len(micro_x))
-                stage.free(a)
-            dst = stage.destination(a)
-            if dst:
-                comm.send(out, dst[0])
-        return stage.losses
-
     with pytest.raises(CheckFailed, match=r"1f1b p=4 m=8: the loop failed(.|\n)*deadlock(.|\n)*its next action"):
-        g.check_stage_loop(blocking)  # right for GPipe, deadlocks under 1F1B
+        g.check_stage_loop(blocking_loop)  # right for GPipe, deadlocks under 1F1B
     with pytest.raises(CheckFailed, match="library's own solution"):
         g.check_stage_loop(pp.run_actions)
 

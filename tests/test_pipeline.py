@@ -11,6 +11,7 @@ from emulator.accounting import pp_bytes_per_boundary
 from emulator.accounting.pipeline import micro_batches_for_bubble, peak_in_flight, pipeline_bubble
 from emulator.parallel import pipeline as pp
 from emulator.training import synthetic_batches, train_single
+from tests.pipeline_loops import blocking_loop
 
 FREE = Topology.free_network()
 COSTS = (1e-3, 1e-3, 1e-3)
@@ -195,28 +196,12 @@ def test_messages_use_batch_isend_irecv_and_no_blocking_send():
 
 
 # ----------------------------------------------------------------- what goes wrong, said clearly
-def naive_blocking_loop(comm, stage, actions, micro_x, micro_y):
-    """Each stage sends with a blocking send right after computing: deadlocks under 1F1B."""
-    for a in actions:
-        src = stage.source(a)
-        inbound = comm.recv(src[0]) if src else None
-        if a.kind == "F":
-            out = stage.forward(a, micro_x[a.microbatch] if stage.is_first(a.chunk) else inbound,
-                                micro_y[a.microbatch])
-        else:
-            out = stage.backward(a, inbound, 1 / len(micro_x))
-        dst = stage.destination(a)
-        if dst:
-            comm.send(out, dst[0])
-    return stage.losses
-
-
 def test_blocking_sends_deadlock_and_the_report_names_each_ranks_action():
     model, params = tiny(4)
     x = np.zeros((8, 2), dtype=np.int64)
     t0 = time.perf_counter()
     with pytest.raises(DeadlockError) as info:
-        pp.run(World(4), model, params, pp.schedule("1f1b", 4, 8), x, x, loop=naive_blocking_loop)
+        pp.run(World(4), model, params, pp.schedule("1f1b", 4, 8), x, x, loop=blocking_loop)
     assert time.perf_counter() - t0 < 1.0
     text = str(info.value)
     assert "rank 0: computed F0 F1 F2 F3; its next action is #4 B0" in text
