@@ -18,22 +18,27 @@ def _axes(ax, figsize):
     return ax.figure, ax
 
 
-def gantt(timeline, ax=None, title=None, unit="ms", label_events=True, figsize=None, colors=None):
+def gantt(timeline, ax=None, title=None, unit="ms", label_events=True, figsize=None, colors=None, streams=None):
     """Draw a timeline (``world.timeline()`` or a world): for every rank a compute lane and,
     under it, one thinner lane per communication stream it used (``comm tp``, ``comm dp``,
     ``p2p 0->1``), each named on the left. Idle time on the compute lane is grey.
     ``colors``: {first letter of a compute event's name: colour}, e.g. a pipeline's F, B
-    and W (:data:`emulator.schedule_viz.ACTION_COLORS`)."""
+    and W (:data:`emulator.schedule_viz.ACTION_COLORS`). ``streams``: the communication
+    streams to draw, by the start of their names (``("comm dp",)``; ``()`` for none)."""
     if hasattr(timeline, "timeline"):
         timeline = timeline.timeline()
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
     lanes, labels = {}, []
     for r in range(timeline.size):
         for stream in timeline.streams(r):
+            if stream != "compute" and streams is not None and not stream.startswith(tuple(streams)):
+                continue
             lanes[(r, stream)] = len(labels)
             labels.append(f"rank {timeline.ranks[r]}" if stream == "compute" else stream)
     fig, ax = _axes(ax, figsize or (9, 0.32 * len(labels) + 1.2))
     for e in timeline.events:
+        if (e.rank, e.stream) not in lanes:
+            continue
         y = lanes[(e.rank, e.stream)]
         compute = e.stream == "compute"
         h = 0.8 if compute else 0.55

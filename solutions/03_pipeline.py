@@ -472,7 +472,7 @@ for label, gpn in (("one node of 8", 8), ("two nodes of 4", 4)):
     print(f"{label:15s}: step {steps[label].makespan * 1e3:.2f} ms")
 print(f"crossing nodes costs {steps['two nodes of 4'].makespan / steps['one node of 8'].makespan - 1:.1%} more")
 viz.gantt(steps["two nodes of 4"].of_ranks(range(2, 6)), colors=ACTION_COLORS, label_events=False,
-          title="1F1B over two nodes (ranks 2-5; the cut 3 -> 4 crosses nodes)")
+          streams=("p2p 3->4", "p2p 4->3"), title="1F1B over two nodes (ranks 2-5; the cut 3 -> 4 crosses nodes)")
 plt.show()
 
 # %% [markdown]
@@ -521,12 +521,19 @@ ref, ref_losses = train_single(model64, dict(params64), batches, nn.AdamW(lr=1e-
 world = World(mesh={"dp": 2, "pp": 4})
 s = pp.schedule("1f1b", 4, 4)
 out = world.run(lambda comm: pp.train_pipeline(comm, model64, params64, batches, s, nn.AdamW(lr=1e-2),
-                                               sync=pp.sync_dp_grads))
+                                               sync=pp.sync_dp_grads, costs=COSTS))
 trained = {k: a for stage_params, _ in out for k, a in stage_params.items()}
 print(f"largest difference from one device after 3 steps: {max(np.abs(trained[k] - ref[k]).max() for k in ref):.1e}")
-viz.gantt(world.timeline(), label_events=False, colors=ACTION_COLORS,
-          title="dp 2 x pp 4: three steps; each stage's gradient all-reduce over dp after its last backward")
+tl = world.timeline()
+viz.gantt(tl, label_events=False, colors=ACTION_COLORS, streams=(),
+          title="dp 2 x pp 4 (1F1B, m=4), three steps: ranks 0-3 and 4-7 are the two replicas")
 plt.show()
+for r in range(4):
+    ar = min((e for e in tl.events if e.rank == r and e.group == "dp"), key=lambda e: e.start)  # step 1's
+    last_b = max(e.end for e in tl.of(r, "compute", "compute") if e.name.startswith("B") and e.end <= ar.start)
+    print(f"rank {r}: last backward of step 1 ends at {last_b * 1e3:.2f} ms; its dp all-reduce runs "
+          f"{ar.start * 1e3:.2f}-{ar.end * 1e3:.3f} ms, with rank {r + 4}")
+
 
 # %% [markdown]
 # ## 10. Explore
