@@ -170,6 +170,8 @@ grade.problem_8_2(problem_8_2)
 for name in ("gpipe", "1f1b"):
     print(name)
     print(pp.format_schedule(pp.schedule(name, 4, 8)))
+print("1f1b, p=4, m=4, on a time grid (a backward takes two slots):")
+print(pp.format_grid(pp.schedule("1f1b", 4, 4), costs=(1, 2, 0)))
 fig, axes = plt.subplots(2, 1, figsize=(9, 4.2))
 for ax, name in zip(axes, ("gpipe", "1f1b")):
     schedule_grid(pp.schedule(name, 4, 8), costs=(1, 2, 0), ax=ax, title=f"{name}, p=4, m=8 (forward = 1 unit, "

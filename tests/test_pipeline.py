@@ -44,6 +44,15 @@ def test_schedule_returns_actions_per_rank():
         assert pp.parse(pp.format_schedule(s).replace("rank ", "").replace(":", "").split("\n")[0][2:]) == s[0]
 
 
+def test_schedule_as_a_grid_of_time_slots():
+    grid = pp.format_grid(pp.schedule("zb_h1", 3, 3)).splitlines()
+    assert grid == ["rank 0: F0 F1 F2 .. .. B0 W0 B1 W1 B2 W2",
+                    "rank 1: .. F0 F1 .. B0 F2 B1 W0 B2 W1 W2",
+                    "rank 2: .. .. F0 B0 F1 B1 F2 B2 W0 W1 W2"]
+    assert pp.format_grid(pp.schedule("1f1b", 2, 2), costs=(1, 2, 0)).splitlines()[0] == \
+        "rank 0: F0 F1 .. .. B0 B0 .. B1 B1"
+
+
 @pytest.mark.parametrize("args, words", [
     (("pipedream", 4, 4), "unknown schedule"),
     (("1f1b", 0, 4), "p must be"),

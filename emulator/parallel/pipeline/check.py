@@ -178,3 +178,21 @@ def in_flight(schedule):
             peak = max(peak, held)
         out.append(peak)
     return out
+
+
+def format_grid(schedule, costs=(1, 1, 1)):
+    """The schedule as text, one row per rank and one column per time slot (a slot is the
+    shortest action under ``costs``; equal stages, a free network); ``.`` is idle."""
+    timing = simulate(schedule, costs)
+    slot = min(e - s for acts in timing.values() for _, s, e in acts)
+    width = max(len(str(a)) for acts in schedule for a in acts)
+    end = max(e for acts in timing.values() for _, _, e in acts)
+    n = int(round(end / slot))
+    rows = []
+    for r, acts in timing.items():
+        cells = ["." * width] * n
+        for a, s, e in acts:
+            for k in range(int(round(s / slot)), int(round(e / slot))):
+                cells[k] = str(a).ljust(width)
+        rows.append(f"rank {r}: " + " ".join(cells))
+    return "\n".join(rows)
