@@ -1,0 +1,64 @@
+"""Two other ways to split attention over the sequence, beside the ring.
+
+* **All-gather K/V** (``all_gather_attention``): every rank all-gathers the whole
+  sequence's keys and values, then computes its own queries against all of them. The
+  bytes are the ring's, but they move before any compute (nothing to overlap them with)
+  and every rank holds the whole sequence's K/V. Llama 3 trained its long-context stage
+  this way (CP 16), with the zigzag layout.
+* **Ulysses** (``ulysses_attention``, DeepSpeed): an all-to-all turns "my positions, every
+  head" into "every position, my heads"; each rank runs ordinary attention on h/c heads;
+  a second all-to-all turns the output back. Its messages shrink as c grows, but c can
+  be at most the number of heads (h must divide by c).
+
+Forward only: they are here to be measured beside the ring (traffic, memory, limits).
+"""
+
+import numpy as np
+
+from ...errors import ConfigError
+from ...nn.attention_core import causal_mask, softmax
+from .layout import gather_sequence, positions
+
+
+def _attention(q, k, v, allowed):
+    s = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+    if allowed is not None:
+        s = np.where(allowed, s, -np.inf)
+    return softmax(s) @ v
+
+
+def all_gather_attention(comm, q, k, v, causal=False, layout="contiguous"):
+    """This rank's rows of attention, with every rank's K/V all-gathered first."""
+    kv = comm.all_gather(np.stack([k, v])[None])  # (c, 2, ..., n, d)
+    full_k = gather_sequence([kv[r, 0] for r in range(comm.size)], layout)
+    full_v = gather_sequence([kv[r, 1] for r in range(comm.size)], layout)
+    n, s = q.shape[-2], full_k.shape[-2]
+    comm.memory.hold("gathered K/V", (full_k, full_v), "buffers")
+    allowed = None
+    if causal:
+        allowed = np.arange(s)[None, :] <= positions(comm.rank, comm.size, n, layout)[:, None]
+    comm.compute(flops=4 * int(np.prod(q.shape[:-2])) * n * s * q.shape[-1], name="attention on all K/V")
+    out = _attention(q, full_k, full_v, allowed)
+    comm.memory.release("gathered K/V")
+    return out
+
+
+def ulysses_attention(comm, q, k, v, causal=False):
+    """Attention with an all-to-all from sequence shards to head shards and back.
+    ``q``, ``k``, ``v``: (b, h, n, d), this rank's contiguous positions, every head."""
+    c = comm.size
+    b, h, n, d = q.shape
+    if h % c:
+        raise ConfigError(f"rank {comm.global_rank}: Ulysses gives each rank h/c heads; {h} heads do not split "
+                          f"over {c} ranks (c can be at most the number of heads)")
+    g = h // c
+    qkv = np.stack([q, k, v])  # (3, b, h, n, d)
+    parts = comm.all_to_all([qkv[:, :, j * g:(j + 1) * g] for j in range(c)])  # from rank j: its positions
+    full = np.concatenate(parts, axis=3)  # (3, b, g, s, d): every position, my heads
+    comm.memory.hold("all positions, my heads", full, "buffers")
+    s = full.shape[3]
+    comm.compute(flops=4 * b * g * s * s * d, name="attention on my heads")
+    o = _attention(full[0], full[1], full[2], causal_mask(s, s) if causal else None)
+    comm.memory.release("all positions, my heads")
+    back = comm.all_to_all([o[:, :, j * n:(j + 1) * n] for j in range(c)])  # from rank j: my positions, its heads
+    return np.concatenate(back, axis=1)

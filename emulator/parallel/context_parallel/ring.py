@@ -1,0 +1,149 @@
+"""Ring attention: each rank keeps its queries and passes its keys and values around.
+
+With the sequence split over ``c`` ranks, rank ``i`` starts with its own K/V block; at step
+``t`` it holds the block of rank ``(i - t) mod c``, computes its queries against it (the
+online softmax of :mod:`.online_softmax` folds each block in), and meanwhile sends that
+block on to rank ``i + 1`` and receives the next from rank ``i - 1``: the transfer runs
+while it computes. After ``c - 1`` transfers every rank has seen every block.
+
+Under a causal mask, a query sees only keys at or before it. Blocks whose keys all come
+after all the queries are skipped, and the rest are masked by position
+(:mod:`.layout`): with the contiguous layout rank ``c - 1`` computes ``c`` blocks and rank
+0 one; with the zigzag layout every rank computes the same ``2c + 1`` half-blocks.
+
+Backward: each rank keeps its dQ; dK and dV travel with their K/V block, collecting every
+rank's contribution, and after ``c`` transfers arrive home.
+"""
+
+import math
+
+import numpy as np
+
+from ...errors import ConfigError
+from ...p2p import P2POp
+from .layout import chunks_of
+from .online_softmax import OnlineSoftmax
+
+
+def blocks(rank, src, size, n_local, causal, layout):
+    """The score blocks rank ``rank`` computes against the K/V of rank ``src``: a list of
+    (query rows, key rows, mask or None) with rows as slices of the local shards."""
+    out = []
+    q_pieces, k_pieces = chunks_of(rank, size, n_local, layout), chunks_of(src, size, n_local, layout)
+    q_off = 0
+    for qs, qn in q_pieces:
+        k_off = 0
+        for ks, kn in k_pieces:
+            rows, cols = slice(q_off, q_off + qn), slice(k_off, k_off + kn)
+            if not causal or ks + kn - 1 <= qs:
+                out.append((rows, cols, None))  # every key at or before every query
+            elif ks <= qs + qn - 1:
+                out.append((rows, cols, np.arange(ks, ks + kn)[None, :] <= np.arange(qs, qs + qn)[:, None]))
+            k_off += kn
+        q_off += qn
+    return out
+
+
+def ring_plan(size, causal=False, layout="contiguous", n_local=2):
+    """For every step and rank: (the rank whose K/V it holds, the half-blocks it computes
+    as (query piece, key piece) indices). What the widget draws and the ring executes."""
+    plan = []
+    for t in range(size):
+        row = []
+        for r in range(size):
+            src = (r - t) % size
+            half = n_local // (1 if layout == "contiguous" else 2)
+            row.append((src, [(b[0].start // half, b[1].start // half)
+                              for b in blocks(r, src, size, n_local, causal, layout)]))
+        plan.append(row)
+    return plan
+
+
+def _check(comm, q, k, v, layout):
+    q, k, v = (np.asarray(a) for a in (q, k, v))
+    if q.ndim < 2 or q.shape != k.shape or k.shape != v.shape:
+        raise ConfigError(f"rank {comm.global_rank}: ring attention needs q, k, v of one shape (..., s_local, "
+                          f"d_head); got {q.shape}, {k.shape}, {v.shape}")
+    if layout == "zigzag" and q.shape[-2] % 2:
+        raise ConfigError(f"rank {comm.global_rank}: a zigzag shard holds two halves; {q.shape[-2]} local "
+                          f"positions do not split in two (the sequence must divide by 2 x {comm.size})")
+    chunks_of(comm.rank, comm.size, q.shape[-2], layout)  # checks the layout's name
+    return q, k, v
+
+
+def _flops(q, n_rows, n_keys, passes):
+    lead = int(np.prod(q.shape[:-2]))
+    return passes * 2 * lead * n_rows * n_keys * q.shape[-1]
+
+
+def _shift(comm, x):
+    """Post: send ``x`` to the next rank, receive the previous rank's; returns the handles."""
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    return comm.batch_isend_irecv([P2POp(comm.isend, x, right), P2POp(comm.irecv, np.empty_like(x), left)])
+
+
+def ring_attention(comm, q, k, v, causal=False, layout="contiguous", accumulate=None):
+    """Softmax attention (scale 1/sqrt(d_head)) for this rank's shard of the sequence, K/V
+    passed around the ring. Returns ``(out, cache)``; ``out`` has this rank's rows.
+    ``accumulate``: the dtype of the running max, sum and output (default: float32, or the
+    inputs' dtype if wider)."""
+    q, k, v = _check(comm, q, k, v, layout)
+    accumulate = np.promote_types(q.dtype, np.float32) if accumulate is None else accumulate
+    c, n, d = comm.size, q.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(d)
+    state = OnlineSoftmax(q.shape[:-1], d, accumulate)
+    kv = np.stack([k, v])
+    for t in range(c):
+        src = (comm.rank - t) % c
+        handles = _shift(comm, kv) if t < c - 1 else None  # the next block travels while this one computes
+        flops = 0
+        for rows, cols, mask in blocks(comm.rank, src, c, n, causal, layout):
+            s = q[..., rows, :] @ kv[0][..., cols, :].swapaxes(-1, -2) * scale
+            if mask is not None:
+                s = np.where(mask, s, -np.inf)
+            state.update(s, kv[1][..., cols, :], rows)
+            flops += _flops(q, rows.stop - rows.start, cols.stop - cols.start, 2)
+        comm.compute(flops=flops, name=f"attention, K/V of rank {src}")
+        if handles:
+            kv = handles[1].wait()
+            handles[0].wait()
+    out, lse = state.finish(q.dtype)
+    return out, {"q": q, "k": k, "v": v, "out": out, "lse": lse, "causal": causal, "layout": layout}
+
+
+def ring_attention_backward(comm, cache, dout):
+    """(dq, dk, dv) for this rank's shards: dQ computed here, dK/dV travelling home."""
+    q, out, lse, causal, layout = cache["q"], cache["out"], cache["lse"], cache["causal"], cache["layout"]
+    dout = np.asarray(dout)
+    if dout.shape != out.shape:
+        raise ConfigError(f"rank {comm.global_rank}: ring_attention_backward: dout has shape {dout.shape}, the "
+                          f"output {out.shape}")
+    c, n, d = comm.size, q.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(d)
+    delta = (dout * out).sum(-1)  # rowsum(dO * O) = rowsum(dP * P)
+    dq = np.zeros_like(q)
+    kv = np.stack([cache["k"], cache["v"]])
+    dkv = np.zeros_like(kv)
+    for t in range(c):
+        src = (comm.rank - t) % c
+        handles = _shift(comm, kv) if t < c - 1 else None
+        flops = 0
+        for rows, cols, mask in blocks(comm.rank, src, c, n, causal, layout):
+            kb, vb, do = kv[0][..., cols, :], kv[1][..., cols, :], dout[..., rows, :]
+            p = np.exp(q[..., rows, :] @ kb.swapaxes(-1, -2) * scale - lse[..., rows, None])
+            if mask is not None:
+                p = np.where(mask, p, 0.0)
+            ds = p * (do @ vb.swapaxes(-1, -2) - delta[..., rows, None])
+            dq[..., rows, :] += scale * ds @ kb
+            dkv[0][..., cols, :] += scale * ds.swapaxes(-1, -2) @ q[..., rows, :]
+            dkv[1][..., cols, :] += p.swapaxes(-1, -2) @ do
+            flops += _flops(q, rows.stop - rows.start, cols.stop - cols.start, 5)  # S again, then 4 products
+        comm.compute(flops=flops, name=f"attention backward, K/V of rank {src}")
+        if c > 1:  # dK/dV of the block go on with it; after the last step they go home
+            back = _shift(comm, dkv)
+            dkv = back[1].wait()
+            back[0].wait()
+        if handles:
+            kv = handles[1].wait()
+            handles[0].wait()
+    return dq, dkv[0], dkv[1]
