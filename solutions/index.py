@@ -64,7 +64,7 @@
 # | 01 | [Data parallelism and ZeRO](01_data_parallel.ipynb) | DDP with overlapped buckets, ZeRO-2, ZeRO-3 with prefetch, on a small GPT; memory over time and traffic measured | ZeRO memory explorer | `gpu_labs/01_data_parallel.py` |
 # | 02 | [Tensor and sequence parallelism](02_tensor_parallel.ipynb) | Megatron MLP and attention by heads, the f/g operators, sequence-parallel regions and their missing all-reduce, vocabulary-parallel cross-entropy; activation memory measured term by term | activation memory explorer | `gpu_labs/02_tensor_parallel.py` |
 # | 03 | [Pipeline parallelism](03_pipeline.ipynb) | the 1F1B schedule as data, the per-rank loop that runs any schedule with `batch_isend_irecv`, the DP+PP gradient average; GPipe, 1F1B, interleaved and zero-bubble (ZB-H1) bubbles and memory measured | schedule explorer | `gpu_labs/03_pipeline.py` |
-# | 04 | Context parallelism *(planned)* | ring attention with online softmax | ring attention stepper | |
+# | 04 | [Context parallelism](04_context_parallel.ipynb) | the online softmax on one device, the ring attention forward with its transfers hidden behind compute, the zigzag layout and its causal masks, the ring backward; all-gather K/V and Ulysses measured beside the ring; bf16 vs fp32 running sums | ring attention stepper | `gpu_labs/04_context_parallel.py` |
 # | 05 | Expert parallelism *(planned)* | MoE routing, all-to-all dispatch | routing explorer | |
 # | 06 | The mesh *(planned)* | DP x TP x PP composed; planner; case studies | mesh planner | |
 #
@@ -121,6 +121,10 @@
 # | **interleaved 1F1B** | 1F1B over v chunks per rank: the bubble divided by v, v times the point-to-point messages |
 # | **zero bubble (ZB-H1)** | the backward split into B and W, the W's moved into the idle gaps |
 # | **context parallelism (CP)** | the sequence split across ranks; ring attention passes K/V around |
+# | **online softmax** | softmax attention one block of keys at a time, keeping a running max, sum and output (FlashAttention's recurrence) |
+# | **ring attention** | each rank keeps its queries; K/V blocks go around the ring of ranks, each transfer hidden behind the compute on the block before |
+# | **zigzag layout** | rank i of c holds sequence chunks i and 2c-1-i, so causal attention gives every rank the same work |
+# | **Ulysses** | context parallelism by all-to-all from sequence shards to head shards and back; at most as many ranks as heads |
 # | **expert parallelism (EP)** | a mixture-of-experts layer's experts on different ranks; tokens travel by all-to-all |
 # | **micro-batch** | a slice of the batch processed as a unit (pipelines, gradient accumulation) |
 # | **Ψ (psi)** | number of parameters |

@@ -77,7 +77,8 @@ def check_ring_forward(fn):
         for r in range(c):
             calls = world.calls[r]
             bad = [x for x in calls if x.op not in ("send", "recv")]
-            expect(not bad, f"{what}, c={c}: rank {r} called {bad[0]!r}; the ring needs point to point only")
+            if bad:
+                raise CheckFailed(f"{what}, c={c}: rank {r} called {bad[0]!r}; the ring needs point to point only")
             sends = [x for x in calls if x.op == "send"]
             expect(all(x.peer == (r + 1) % c for x in sends) and
                    all(x.peer == (r - 1) % c for x in calls if x.op == "recv"),

@@ -10,8 +10,9 @@ and at the end ``out = acc / l``. Masked scores are ``-inf``; a row that has see
 yet has ``m = -inf`` and contributes nothing. ``lse = m + log l`` (the log of the softmax's
 denominator) is all the backward needs to rebuild any block's probabilities.
 
-``accumulate`` is the dtype the running ``m``, ``l`` and ``acc`` are stored in: float32 as
-FlashAttention does, or bfloat16 to see the error that rounding them at every block adds.
+``accumulate`` is the dtype the running ``m``, ``l`` and ``acc`` are stored in: float64 by
+default (exact checks), float32 as FlashAttention keeps them, or bfloat16 to see the
+error that rounding them at every block adds.
 """
 
 import numpy as np
@@ -22,7 +23,7 @@ from ...errors import ConfigError
 class OnlineSoftmax:
     """Running softmax-weighted sums for ``rows`` (a shape ``(..., n)``) of width ``d``."""
 
-    def __init__(self, rows, d, accumulate=np.float32):
+    def __init__(self, rows, d, accumulate=np.float64):
         self.dtype = np.dtype(accumulate)
         self.m = np.full(rows, -np.inf, self.dtype)
         self.l = np.zeros(rows, self.dtype)
