@@ -84,3 +84,23 @@ def test_schedule_explorer_model_and_widget():
     assert "needs v >= 2" in w.summary.value
     w.v.value = 2
     assert "measured bubble 15.79%; formula 15.79%" in w.summary.value
+
+
+def test_ring_attention_stepper_model_and_widget():
+    from emulator.widgets import RingAttentionStepper, ring_attention_stepper_model
+
+    contiguous = ring_attention_stepper_model(4, True, "contiguous", 3)
+    assert contiguous["work"].tolist() == [4, 8, 12, 16]  # the last rank does c times the first's work
+    assert ring_attention_stepper_model(4, True, "zigzag", 3)["work"].tolist() == [9, 9, 9, 9]  # 2c + 1 each
+    assert ring_attention_stepper_model(4, False, "zigzag", 3)["work"].tolist() == [16] * 4
+    assert contiguous["holds"] == [1, 2, 3, 0]  # at step 3 rank r holds the K/V of rank r - 3
+    first = ring_attention_stepper_model(4, True, "contiguous", 0)
+    assert (first["owner"] >= 0).sum() == 4 * 4  # step 0: each rank's own diagonal block (2 x 2 pieces)
+    w = RingAttentionStepper(c=4, causal=True, layout="contiguous", step=0)
+    before, image = w.caption.value, w.image.value
+    w.step.value = 2
+    assert w.caption.value != before and w.image.value != image and "step 2 of 3" in w.caption.value
+    w.split.value = "zigzag"
+    assert "Work so far per rank: 7, 7, 7, 7" in w.caption.value
+    w.c.value = 2  # the step slider follows the ring's size
+    assert w.step.max == 1 and "step 1 of 1" in w.caption.value

@@ -115,8 +115,29 @@ def drive_schedule_explorer(page, shot):
     cell.screenshot(path=str(shot("schedule_explorer_gpipe_m9")))
 
 
+def drive_ring_attention_stepper(page, shot):
+    """Step the ring forward with the keyboard, then switch the layout; the caption follows."""
+    cell = widget_cell(page, ".ring-attention-caption")
+    caption = cell.locator(".ring-attention-caption")
+    cell.locator("img").first.wait_for(state="visible")
+    cell.screenshot(path=str(shot("ring_attention_start")))
+    assert caption.inner_text().startswith("step 1 of 3")
+    handle = cell.locator(".widget-hslider", has=page.locator("label:text-is('step')")).locator(".noUi-handle")
+    handle.focus()
+    before = caption.inner_text()
+    handle.press("ArrowRight")
+    text = wait_text_change(caption, before)
+    assert text.startswith("step 2 of 3") and "7, 7, 7, 7" in text, text
+    cell.locator(".widget-dropdown", has=page.locator("label:text-is('layout')")).locator("select").select_option(
+        "contiguous")
+    text = wait_text_change(caption, text)
+    assert "Work so far per rank: 4, 8, 12, 12" in text, text
+    cell.screenshot(path=str(shot("ring_attention_contiguous_step2")))
+
+
 DRIVERS = {"00_collectives": [drive_ring_stepper], "01_data_parallel": [drive_zero_explorer],
-           "02_tensor_parallel": [drive_activation_explorer], "03_pipeline": [drive_schedule_explorer]}
+           "02_tensor_parallel": [drive_activation_explorer], "03_pipeline": [drive_schedule_explorer],
+           "04_context_parallel": [drive_ring_attention_stepper]}
 
 
 @pytest.fixture(scope="module")
