@@ -145,3 +145,24 @@ def test_pipeline_lab(n, dtype, tmp_path):
     world = World(n)
     pp.run(world, model, model.init(np.random.default_rng(0)), pp.schedule("1f1b", n, m), x, x)
     same_calls(tmp_path / "03_pipeline.calls.json", world)
+
+
+@pytest.mark.parametrize("n,dtype", [(2, "float64"), (4, "float64"), (2, "float32"), (4, "float32")])
+def test_context_parallel_lab(n, dtype, tmp_path):
+    from emulator.parallel import context_parallel as cp
+
+    out = torchrun(n, "04_context_parallel.py", "--dtype", dtype, "--iters", "1", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    for case in ("full, contiguous", "full, zigzag", "causal, contiguous", "causal, zigzag"):
+        assert f"ring attention, {case}: output, dq, dk, dv match the whole-sequence attention" in out.stdout
+    assert "of the shorter one hidden | emulator's model of one step" in out.stdout
+    np_dtype = np.float64 if dtype == "float64" else np.float32
+    x = np.zeros((2, 4, 16, 8), np_dtype)  # the lab's shard shape: the same calls, rank by rank
+
+    def prog(comm):
+        o, cache = cp.ring_attention(comm, x, x, x, causal=True, layout="zigzag")
+        cp.ring_attention_backward(comm, cache, o)
+
+    world = World(n)
+    world.run(prog)
+    same_calls(tmp_path / "04_context_parallel.calls.json", world)

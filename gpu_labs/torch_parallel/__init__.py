@@ -8,6 +8,8 @@
 * ``pipeline.Executor``: a pipeline schedule from ``emulator.parallel.pipeline`` run over
   ``batch_isend_irecv`` on ``GPTStage`` chunks of the course GPT (also usable under
   ``torch.distributed.pipelining``), call for call the emulator's executor.
+* ``ring_attention.ring_attention``: ring attention as an autograd function (the backward
+  passes dK/dV around the ring), call for call the emulator's.
 * ``data_parallel``: the course GPT's DDP and ZeRO-1/2/3 written call for call as
   ``emulator.parallel`` runs them (lab 01 compares the traces).
 """
