@@ -148,26 +148,33 @@ print(f"peak held: {ledger.peak / 1e3:.0f} kB; the full score matrix would be {1
 # The transfer of the next block and the compute on the current one run at once: post
 # the send and the receive, compute, then wait.
 #
-# **Exercise 4.2** — the per-rank ring forward, without a mask. `q`, `k`, `v` are this
-# rank's (b, heads, s/c, d) shards (contiguous positions). Use `cp.OnlineSoftmax(rows,
-# d)` (`.update(scores, v_block)`, `.finish(dtype)` returns `(out, lse)`), post transfers
-# with `comm.batch_isend_irecv([P2POp(comm.isend, x, right), P2POp(comm.irecv, buffer,
-# left)])`, and charge each block's compute with `comm.compute(flops=4 * b * heads * n_q *
-# n_k * d)`. The check compares with full attention on 1 to 8 ranks and reads the trace
-# and the timeline.
+# **Exercise 4.2** — the per-rank ring forward. `q`, `k`, `v` are this rank's (b, heads,
+# n, d) shards of a sequence split in `layout` (`cp.positions(rank, c, n, layout)` gives
+# the global positions of a rank's rows). Use `cp.OnlineSoftmax(rows, d)`
+# (`.update(scores, v_block)` with masked scores at `-inf`; `.finish(dtype)` returns
+# `(out, lse)`), post transfers with `comm.batch_isend_irecv([P2POp(comm.isend, x, right),
+# P2POp(comm.irecv, buffer, left)])`, and charge the compute of each block you compute with
+# `comm.compute(flops=4 * b * heads * n_q * n_k * d)`. With `causal`, skip a block whose
+# keys all come after its queries. The check compares with full attention on 1 to 8 ranks,
+# causal or not, in both layouts, and reads the trace and the timeline.
 
 # %%
-def ring_forward(comm, q, k, v):
+def ring_forward(comm, q, k, v, causal=False, layout="contiguous"):
     ### BEGIN SOLUTION: Exercise 4.2: the ring, forward
-    c, d = comm.size, q.shape[-1]
+    c, n, d = comm.size, q.shape[-2], q.shape[-1]
     right, left = (comm.rank + 1) % c, (comm.rank - 1) % c
+    mine = cp.positions(comm.rank, c, n, layout)
     state = cp.OnlineSoftmax(q.shape[:-1], d)
     kv = np.stack([k, v])
     for t in range(c):
         if t < c - 1:  # the next block travels while this one is used
             handles = comm.batch_isend_irecv([P2POp(comm.isend, kv, right), P2POp(comm.irecv, np.empty_like(kv), left)])
-        state.update(q @ kv[0].swapaxes(-1, -2) / np.sqrt(d), kv[1])
-        comm.compute(flops=4 * np.prod(q.shape[:-2]) * q.shape[-2] * kv.shape[-2] * d, name=f"block {t}")
+        theirs = cp.positions((comm.rank - t) % c, c, n, layout)
+        seen = theirs[None, :] <= mine[:, None] if causal else np.ones((n, n), bool)
+        if seen.any():  # else every key of the block comes after every query: skip it
+            scores = q @ kv[0].swapaxes(-1, -2) / np.sqrt(d)
+            state.update(np.where(seen, scores, -np.inf), kv[1])
+            comm.compute(flops=4 * np.prod(q.shape[:-2]) * n * n * d, name=f"block {t}")
         if t < c - 1:
             kv = handles[1].wait()
             handles[0].wait()
@@ -295,24 +302,28 @@ grade.check_zigzag(zigzag_split, zigzag_gather, visible)
 # the block's owner: they travel with their block, each rank adding its part, and one
 # last transfer brings them home.
 #
-# **Exercise 4.4** — the ring backward, without a mask: `q`, `k`, `v`, `out`, `lse` (the
-# forward's, shape (b, heads, s/c)) and `dout` are this rank's; return `(dq, dk, dv)` for
-# this rank's positions.
+# **Exercise 4.4** — the ring backward: `q`, `k`, `v`, `out`, `lse` (the forward's, shape
+# (b, heads, n)) and `dout` are this rank's, in `layout`, with or without the causal
+# mask; return `(dq, dk, dv)` for this rank's positions.
 
 # %%
-def ring_backward(comm, q, k, v, out, lse, dout):
+def ring_backward(comm, q, k, v, out, lse, dout, causal=False, layout="contiguous"):
     ### BEGIN SOLUTION: Exercise 4.4: the ring, backward
-    c, d = comm.size, q.shape[-1]
+    c, n, d = comm.size, q.shape[-2], q.shape[-1]
     right, left = (comm.rank + 1) % c, (comm.rank - 1) % c
+    mine = cp.positions(comm.rank, c, n, layout)
     delta = (dout * out).sum(-1, keepdims=True)
     dq = np.zeros_like(q)
     kv, dkv = np.stack([k, v]), np.zeros((2,) + k.shape)
     for t in range(c):
-        p = np.exp(q @ kv[0].swapaxes(-1, -2) / np.sqrt(d) - lse[..., None])
-        ds = p * (dout @ kv[1].swapaxes(-1, -2) - delta)
-        dq += ds @ kv[0] / np.sqrt(d)
-        dkv[0] += ds.swapaxes(-1, -2) @ q / np.sqrt(d)
-        dkv[1] += p.swapaxes(-1, -2) @ dout
+        theirs = cp.positions((comm.rank - t) % c, c, n, layout)
+        seen = theirs[None, :] <= mine[:, None] if causal else np.ones((n, n), bool)
+        if seen.any():
+            p = np.where(seen, np.exp(q @ kv[0].swapaxes(-1, -2) / np.sqrt(d) - lse[..., None]), 0.0)
+            ds = p * (dout @ kv[1].swapaxes(-1, -2) - delta)
+            dq += ds @ kv[0] / np.sqrt(d)
+            dkv[0] += ds.swapaxes(-1, -2) @ q / np.sqrt(d)
+            dkv[1] += p.swapaxes(-1, -2) @ dout
         if c > 1:  # the block and its gradients move on together; after the last step, home
             moved = [P2POp(comm.isend, dkv, right), P2POp(comm.irecv, np.empty_like(dkv), left)]
             if t < c - 1:

@@ -61,11 +61,12 @@ def test_online_attention_check(capsys):
 
 
 # ----------------------------------------------------------------- Exercise 4.2
-def ring_variant(overlap=True, both_ways=False, separate_messages=False):
-    def fn(comm, q, k, v):
-        c, d = comm.size, q.shape[-1]
+def ring_variant(overlap=True, both_ways=False, separate_messages=False, skip=True):
+    def fn(comm, q, k, v, causal=False, layout="contiguous"):
+        c, n, d = comm.size, q.shape[-2], q.shape[-1]
         right, left = (comm.rank + 1) % c, (comm.rank - 1) % c
         state = cp.OnlineSoftmax(q.shape[:-1], d)
+        mine = cp.positions(comm.rank, c, n, layout)
 
         def post(kk, vv):
             if separate_messages:  # K and V as two messages: also right
@@ -77,8 +78,13 @@ def ring_variant(overlap=True, both_ways=False, separate_messages=False):
 
         for t in range(c):
             hs = post(k, v) if t < c - 1 and overlap else None
-            state.update(q @ k.swapaxes(-1, -2) / np.sqrt(d), v)
-            comm.compute(flops=4 * np.prod(q.shape[:-2]) * q.shape[-2] * k.shape[-2] * d)
+            theirs = cp.positions((comm.rank - t) % c, c, n, layout)
+            seen = theirs[None, :] <= mine[:, None] if causal else np.ones((n, n), bool)
+            if seen.any() or not skip:
+                x = q @ k.swapaxes(-1, -2) / np.sqrt(d)
+                if seen.any():
+                    state.update(np.where(seen, x, -np.inf), v)
+                comm.compute(flops=4 * np.prod(q.shape[:-2]) * n * n * d)
             if t < c - 1 and not overlap:
                 hs = post(k, v)
             if both_ways and t < c - 1:
@@ -101,15 +107,16 @@ def test_ring_forward_check(capsys):
     with pytest.raises(CheckFailed, match="talks to|sent"):
         g.check_ring_forward(ring_variant(both_ways=True))  # extra traffic the other way
 
-    def all_gather_instead(comm, q, k, v):  # right values, but a collective and every K/V held
-        kv = comm.all_gather(np.stack([k, v])[None])
-        kk, vv = np.concatenate(list(kv[:, 0]), axis=-2), np.concatenate(list(kv[:, 1]), axis=-2)
-        return softmax(q @ kk.swapaxes(-1, -2) / np.sqrt(q.shape[-1])) @ vv
+    def all_gather_instead(comm, q, k, v, causal=False, layout="contiguous"):  # a collective, every K/V held
+        return cp.all_gather_attention(comm, q, k, v, causal, layout)
 
     with pytest.raises(CheckFailed, match="point to point only"):
         g.check_ring_forward(all_gather_instead)
     with pytest.raises(CheckFailed, match="library's own solution"):
-        g.check_ring_forward(lambda comm, q, k, v: cp.ring_attention(comm, q, k, v)[0])
+        g.check_ring_forward(lambda comm, q, k, v, causal=False, layout="contiguous": cp.ring_attention(
+            comm, q, k, v, causal, layout)[0])
+    with pytest.raises(CheckFailed, match="skip the blocks"):
+        g.check_ring_forward(ring_variant(skip=False))  # right values, computes the hidden blocks too
 
 
 # ----------------------------------------------------------------- Exercise 4.3
@@ -142,13 +149,16 @@ def test_zigzag_check(capsys):
 
 # ----------------------------------------------------------------- Exercise 4.4
 def test_ring_backward_check(capsys):
-    def backward_recomputing_lse(comm, q, k, v, out, lse, dout, send_home=True):
-        c, d = comm.size, q.shape[-1]
+    def backward_recomputing_lse(comm, q, k, v, out, lse, dout, causal=False, layout="contiguous", send_home=True):
+        c, n, d = comm.size, q.shape[-2], q.shape[-1]
         right, left = (comm.rank + 1) % c, (comm.rank - 1) % c
+        mine = cp.positions(comm.rank, c, n, layout)
         delta = (dout * out).sum(-1, keepdims=True)
         dq, kv, dkv = np.zeros_like(q), np.stack([k, v]), np.zeros((2,) + k.shape)
         for t in range(c):
-            p = np.exp(q @ kv[0].swapaxes(-1, -2) / np.sqrt(d) - lse[..., None])
+            theirs = cp.positions((comm.rank - t) % c, c, n, layout)
+            seen = theirs[None, :] <= mine[:, None] if causal else True
+            p = np.where(seen, np.exp(q @ kv[0].swapaxes(-1, -2) / np.sqrt(d) - lse[..., None]), 0.0)
             ds = p * (dout @ kv[1].swapaxes(-1, -2) - delta)
             dq += ds @ kv[0] / np.sqrt(d)
             dkv = dkv + np.stack([ds.swapaxes(-1, -2) @ q / np.sqrt(d), p.swapaxes(-1, -2) @ dout])
@@ -162,10 +172,11 @@ def test_ring_backward_check(capsys):
     g.check_ring_backward(backward_recomputing_lse)  # K/V and dK/dV in one message: also right
     assert "PASSED Exercise 4.4" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match="dk"):
-        g.check_ring_backward(lambda *a: backward_recomputing_lse(*a, send_home=False))  # dK/dV left one rank off
+        g.check_ring_backward(lambda *a, **kw: backward_recomputing_lse(*a, **kw, send_home=False))  # one rank off
     with pytest.raises(CheckFailed, match="library's own solution"):
-        g.check_ring_backward(lambda comm, q, k, v, out, lse, dout: cp.ring_attention_backward(
-            comm, {"q": q, "k": k, "v": v, "out": out, "lse": lse, "causal": False, "layout": "contiguous"}, dout))
+        g.check_ring_backward(lambda comm, q, k, v, out, lse, dout, causal=False, layout="contiguous":
+                              cp.ring_attention_backward(comm, {"q": q, "k": k, "v": v, "out": out, "lse": lse,
+                                                                "causal": causal, "layout": layout}, dout))
 
 
 # ----------------------------------------------------------------- napkins
