@@ -13,9 +13,10 @@ from .layernorm import LayerNorm, layer_norm, layer_norm_backward
 from .linear import Embedding, Linear
 from .loss import cross_entropy, cross_entropy_backward
 from .mlp import MLP
+from .moe import MoE
 from .module import Composite, Module, add_flops, cache_bytes, prefixed, sub, total_flops
 
 __all__ = ["Module", "Composite", "Linear", "Embedding", "GELU", "LayerNorm", "Attention", "AttentionCore",
-           "MLP", "TransformerBlock", "GPT", "TokenPositionEmbedding", "LMHead", "cross_entropy",
+           "MLP", "MoE", "TransformerBlock", "GPT", "TokenPositionEmbedding", "LMHead", "cross_entropy",
            "cross_entropy_backward", "AdamW", "sub", "prefixed", "softmax", "causal_mask", "cache_bytes",
            "add_flops", "total_flops", "gelu", "gelu_backward", "layer_norm", "layer_norm_backward"]

@@ -39,8 +39,34 @@ def gpt(p, idx, n_layers, n_heads):
     return layer_norm(p, x, "head.ln.") @ p["head.proj.w"]
 
 
+def moe(p, x, top_k, capacity_factor=None):
+    """:class:`emulator.nn.MoE` (routing, capacity, experts, combine) in torch, x (T, d)."""
+    import math
+
+    probs = torch.softmax(x @ p["router.w"], -1)
+    idx = torch.argsort(-probs.detach(), dim=1, stable=True)[:, :top_k]
+    sel = probs.gather(1, idx)
+    weights = sel / sel.sum(1, keepdim=True)
+    n_experts = probs.shape[1]
+    e_ids = idx.reshape(-1)
+    keep = torch.ones_like(e_ids, dtype=torch.bool)
+    if capacity_factor is not None:
+        cap = math.ceil(capacity_factor * x.shape[0] * top_k / n_experts)
+        onehot = torch.nn.functional.one_hot(e_ids, n_experts)
+        keep = (onehot.cumsum(0) * onehot).sum(1) - 1 < cap
+    y = torch.zeros_like(x)
+    tokens = torch.arange(x.shape[0]).repeat_interleave(top_k)
+    for e in range(n_experts):
+        a = ((e_ids == e) & keep).nonzero().reshape(-1)
+        if len(a):
+            h = F.gelu(x[tokens[a]] @ p["experts.fc1.w"][e] + p["experts.fc1.b"][e], approximate="tanh")
+            out = h @ p["experts.fc2.w"][e] + p["experts.fc2.b"][e]
+            y = y.index_add(0, tokens[a], weights.reshape(-1)[a, None] * out)
+    return y
+
+
 def to_torch(params, requires_grad=True):
     return {k: torch.tensor(v, requires_grad=requires_grad) for k, v in params.items()}
 
 
-__all__ = ["linear", "layer_norm", "attention", "mlp", "block", "gpt", "to_torch", "torch"]
+__all__ = ["linear", "layer_norm", "attention", "mlp", "block", "gpt", "moe", "to_torch", "torch"]

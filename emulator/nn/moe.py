@@ -1,0 +1,205 @@
+"""A mixture-of-experts MLP: a router sends each token to ``top_k`` of ``n_experts`` MLPs.
+
+Forward, for tokens x (T, d) (any leading dims are flattened):
+
+1. **route**: p = softmax(x @ W_r) over the experts; each token picks its ``top_k``
+   largest; their probabilities, renormalised to sum to 1 over the k chosen, are the
+   token's weights;
+2. **capacity** (``capacity_factor`` c): an expert takes at most
+   ``ceil(c * T * top_k / n_experts)`` assignments, first come (token order) first
+   served; the rest are dropped: the token gets nothing from that expert (the residual
+   around the layer carries it). ``capacity_factor=None`` is dropless;
+3. **permute**: the kept (token, expert) assignments sorted by expert, stable in token
+   order, so each expert's tokens are one contiguous block;
+4. **experts**: expert e computes GELU(X_e W1[e] + b1[e]) W2[e] + b2[e] on its block;
+5. **combine**: each token's output is the weighted sum of its experts' outputs.
+
+Parameters: ``router.w`` (d, E); ``experts.fc1.w`` (E, d, d_ff), ``experts.fc1.b`` (E,
+d_ff), ``experts.fc2.w`` (E, d_ff, d), ``experts.fc2.b`` (E, d): the experts stacked along
+dim 0, which is how expert parallelism splits them.
+
+With ``aux_loss_coef`` > 0 the layer adds Switch Transformer's load-balancing loss,
+``E * sum_e f_e P_e`` (f_e: the share of assignments routed to e, P_e: the mean router
+probability of e), times the coefficient, to the gradient of the router; its value is in
+``cache["aux_loss"]``.
+
+The pieces (routing, capacity, the stacked experts) are functions, so expert
+parallelism (:mod:`emulator.parallel.expert_parallel`) runs the same code on each rank.
+"""
+
+import math
+
+import numpy as np
+
+from ..errors import ConfigError
+from .activations import gelu, gelu_backward
+from .attention_core import softmax
+from .module import Module, check_last_dim
+
+EXPERT_KEYS = ("experts.fc1.w", "experts.fc1.b", "experts.fc2.w", "experts.fc2.b")
+
+
+# ----------------------------------------------------------------- routing
+def route(w, x2, top_k):
+    """(expert ids (T, k), weights (T, k), cache): top-k of softmax(x W_r), renormalised."""
+    p = softmax(x2 @ w)
+    idx = np.argsort(-p, axis=1, kind="stable")[:, :top_k]
+    sel = np.take_along_axis(p, idx, axis=1)
+    return idx, sel / sel.sum(1, keepdims=True), {"x": x2, "p": p, "idx": idx, "sel": sel}
+
+
+def route_backward(w, rc, dweights, dp_extra=None):
+    """(dx, dlogits) from the gradient of the weights (and an extra gradient of p)."""
+    sel, p, idx = rc["sel"], rc["p"], rc["idx"]
+    total = sel.sum(1, keepdims=True)
+    weights = sel / total
+    dsel = (dweights - (dweights * weights).sum(1, keepdims=True)) / total  # through the renormalisation
+    dp = np.zeros_like(p) if dp_extra is None else dp_extra.copy()
+    np.add.at(dp, (np.arange(len(p))[:, None], idx), dsel)
+    dlogits = p * (dp - (dp * p).sum(1, keepdims=True))
+    return dlogits @ w.T, dlogits
+
+
+def capacity(n_tokens, top_k, n_experts, factor):
+    """Assignments an expert takes: ceil(factor * T * k / E); None (dropless) for no factor."""
+    return None if factor is None else int(math.ceil(factor * n_tokens * top_k / n_experts))
+
+
+def keep_first(expert_ids, n_experts, cap):
+    """Which assignments (in the given order) fit: the first ``cap`` of each expert."""
+    if cap is None:
+        return np.ones(len(expert_ids), bool)
+    onehot = expert_ids[:, None] == np.arange(n_experts)[None, :]
+    position = np.cumsum(onehot, axis=0)[np.arange(len(expert_ids)), expert_ids] - 1
+    return position < cap
+
+
+def permutation(expert_ids, keep):
+    """Indices of the kept assignments sorted by expert (stable: token order within one)."""
+    kept = np.nonzero(keep)[0]
+    return kept[np.argsort(expert_ids[kept], kind="stable")]
+
+
+def load_balancing(p, expert_ids, n_experts):
+    """Switch's auxiliary loss E sum_e f_e P_e and its gradient with respect to p."""
+    f = np.bincount(expert_ids, minlength=n_experts) / len(expert_ids)
+    return n_experts * float((f * p.mean(0)).sum()), np.broadcast_to(n_experts * f / len(p), p.shape)
+
+
+# ----------------------------------------------------------------- the stacked experts
+def experts_forward(params, xs, counts):
+    """Expert e (local index) on rows ``xs[start_e : start_e + counts[e]]``."""
+    w1, b1, w2, b2 = (params[k] for k in EXPERT_KEYS)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    h = np.empty((len(xs), w1.shape[2]), xs.dtype)
+    ys = np.empty((len(xs), w2.shape[2]), xs.dtype)
+    for e in range(len(counts)):
+        r = slice(starts[e], starts[e + 1])
+        h[r] = xs[r] @ w1[e] + b1[e]
+        ys[r] = gelu(h[r]) @ w2[e] + b2[e]
+    return ys, {"xs": xs, "h": h, "starts": starts}
+
+
+def experts_backward_input(params, ec, dys):
+    w1, w2 = params["experts.fc1.w"], params["experts.fc2.w"]
+    starts, h = ec["starts"], ec["h"]
+    dh, dxs = np.empty_like(h), np.empty_like(ec["xs"])
+    for e in range(len(starts) - 1):
+        r = slice(starts[e], starts[e + 1])
+        dh[r] = gelu_backward(h[r], dys[r] @ w2[e].T)
+        dxs[r] = dh[r] @ w1[e].T
+    ec["dh"] = dh
+    return dxs
+
+
+def experts_backward_weight(params, ec, dys):
+    starts, h, xs, dh = ec["starts"], ec["h"], ec["xs"], ec["dh"]
+    g = {k: np.zeros_like(params[k]) for k in EXPERT_KEYS}
+    for e in range(len(starts) - 1):
+        r = slice(starts[e], starts[e + 1])
+        g["experts.fc2.w"][e] = gelu(h[r]).T @ dys[r]
+        g["experts.fc2.b"][e] = dys[r].sum(0)
+        g["experts.fc1.w"][e] = xs[r].T @ dh[r]
+        g["experts.fc1.b"][e] = dh[r].sum(0)
+    return g
+
+
+class MoE(Module):
+    """``MoE(d_model, d_ff, n_experts, top_k, capacity_factor=None)``: see the module
+    docstring. ``forward(params, x)`` -> (y, cache); ``cache["dropped"]`` counts the
+    dropped assignments and ``cache["counts"]`` the tokens each expert computed."""
+
+    def __init__(self, d_model, d_ff, n_experts, top_k, capacity_factor=None, aux_loss_coef=0.0, std=0.02,
+                 dtype=np.float32):
+        for name, v in (("d_model", d_model), ("d_ff", d_ff), ("n_experts", n_experts), ("top_k", top_k)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ConfigError(f"MoE: {name} must be a positive integer, got {v!r}")
+        if top_k > n_experts:
+            raise ConfigError(f"MoE: top_k ({top_k}) cannot exceed n_experts ({n_experts})")
+        if capacity_factor is not None and not capacity_factor > 0:
+            raise ConfigError(f"MoE: capacity_factor must be positive or None (dropless), got {capacity_factor!r}")
+        self.d_model, self.d_ff, self.n_experts, self.top_k = d_model, d_ff, n_experts, top_k
+        self.capacity_factor, self.aux_loss_coef, self.std, self.dtype = capacity_factor, aux_loss_coef, std, dtype
+
+    def init(self, rng):
+        d, f, e = self.d_model, self.d_ff, self.n_experts
+        return {"router.w": (rng.standard_normal((d, e)) * self.std).astype(self.dtype),
+                "experts.fc1.w": (rng.standard_normal((e, d, f)) * self.std).astype(self.dtype),
+                "experts.fc1.b": np.zeros((e, f), self.dtype),
+                "experts.fc2.w": (rng.standard_normal((e, f, d)) * self.std).astype(self.dtype),
+                "experts.fc2.b": np.zeros((e, d), self.dtype)}
+
+    def forward(self, params, x):
+        check_last_dim("MoE", x, self.d_model)
+        x2 = np.asarray(x).reshape(-1, self.d_model)
+        idx, weights, rc = route(params["router.w"], x2, self.top_k)
+        e_ids, tokens = idx.ravel(), np.repeat(np.arange(len(x2)), self.top_k)
+        keep = keep_first(e_ids, self.n_experts, capacity(len(x2), self.top_k, self.n_experts,
+                                                          self.capacity_factor))
+        order = permutation(e_ids, keep)
+        counts = np.bincount(e_ids[order], minlength=self.n_experts)
+        ys, ec = experts_forward(params, x2[tokens[order]], counts)
+        w_flat = weights.ravel()
+        y = np.zeros_like(x2)
+        np.add.at(y, tokens[order], w_flat[order, None] * ys)
+        cache = {"route": rc, "weights": weights, "order": order, "tokens": tokens, "ys": ys, "experts": ec,
+                 "counts": counts, "dropped": int((~keep).sum()), "shape": np.shape(x)}
+        if self.aux_loss_coef:
+            cache["aux_loss"], cache["aux_dp"] = load_balancing(rc["p"], e_ids, self.n_experts)
+        return y.reshape(np.shape(x)), cache
+
+    def backward_input(self, params, cache, dy):
+        dy2 = dy.reshape(-1, self.d_model)
+        order, tokens, ys = cache["order"], cache["tokens"], cache["ys"]
+        w_flat = cache["weights"].ravel()
+        dys = w_flat[order, None] * dy2[tokens[order]]
+        dweights = np.zeros(len(w_flat), dy2.dtype)
+        dweights[order] = (dy2[tokens[order]] * ys).sum(-1)
+        dxs = experts_backward_input(params, cache["experts"], dys)
+        extra = self.aux_loss_coef * cache["aux_dp"] if self.aux_loss_coef else None
+        dx, dlogits = route_backward(params["router.w"], cache["route"], dweights.reshape(-1, self.top_k), extra)
+        np.add.at(dx, tokens[order], dxs)
+        cache["dys"], cache["dlogits"] = dys, dlogits
+        return dx.reshape(cache["shape"])
+
+    def backward_weight(self, params, cache, dy):
+        if "dys" not in cache:
+            self.backward_input(params, cache, dy)
+        grads = experts_backward_weight(params, cache["experts"], cache["dys"])
+        grads["router.w"] = cache["route"]["x"].T @ cache["dlogits"]
+        return grads
+
+    def flops(self, x_shape):
+        """Matmul FLOPs when the tokens spread over the experts as routed (k per token)."""
+        t = int(np.prod(x_shape[:-1]))
+        router = 2 * t * self.d_model * self.n_experts
+        experts = 2 * t * self.top_k * 2 * self.d_model * self.d_ff
+        return {"forward": router + experts, "backward_input": router + experts, "backward_weight": router + experts}
+
+    def active_parameters(self):
+        """Parameters one token uses: the router and top_k experts."""
+        per_expert = 2 * self.d_model * self.d_ff + self.d_ff + self.d_model
+        return self.d_model * self.n_experts + self.top_k * per_expert
+
+    def parameters(self):
+        return self.d_model * self.n_experts + self.n_experts * (2 * self.d_model * self.d_ff + self.d_ff + self.d_model)
