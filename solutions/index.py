@@ -65,7 +65,7 @@
 # | 02 | [Tensor and sequence parallelism](02_tensor_parallel.ipynb) | Megatron MLP and attention by heads, the f/g operators, sequence-parallel regions and their missing all-reduce, vocabulary-parallel cross-entropy; activation memory measured term by term | activation memory explorer | `gpu_labs/02_tensor_parallel.py` |
 # | 03 | [Pipeline parallelism](03_pipeline.ipynb) | the 1F1B schedule as data, the per-rank loop that runs any schedule with `batch_isend_irecv`, the DP+PP gradient average; GPipe, 1F1B, interleaved and zero-bubble (ZB-H1) bubbles and memory measured | schedule explorer | `gpu_labs/03_pipeline.py` |
 # | 04 | [Context parallelism](04_context_parallel.ipynb) | the online softmax on one device, the ring attention forward with its transfers hidden behind compute, the zigzag layout and its causal masks, the ring backward; all-gather K/V and Ulysses measured beside the ring; bf16 vs fp32 running sums | ring attention stepper | `gpu_labs/04_context_parallel.py` |
-# | 05 | Expert parallelism *(planned)* | MoE routing, all-to-all dispatch | routing explorer | |
+# | 05 | [Expert parallelism](05_expert_parallel.ipynb) | top-k routing, the permutation into expert order and back, the expert-parallel forward (count exchange, dispatch, combine) and backward, capacity with dropping; imbalance as time, two-hop all-to-all across nodes, EP vs TP for experts, three published MoE models | routing explorer | `gpu_labs/05_expert_parallel.py` |
 # | 06 | The mesh *(planned)* | DP x TP x PP composed; planner; case studies | mesh planner | |
 #
 # ## The GPU labs
@@ -125,7 +125,10 @@
 # | **ring attention** | each rank keeps its queries; K/V blocks go around the ring of ranks, each transfer hidden behind the compute on the block before |
 # | **zigzag layout** | rank i of c holds sequence chunks i and 2c-1-i, so causal attention gives every rank the same work |
 # | **Ulysses** | context parallelism by all-to-all from sequence shards to head shards and back; at most as many ranks as heads |
-# | **expert parallelism (EP)** | a mixture-of-experts layer's experts on different ranks; tokens travel by all-to-all |
+# | **mixture of experts (MoE)** | an MLP replaced by many experts and a router that sends each token to its top-k; parameters grow with the experts, compute with k |
+# | **expert parallelism (EP)** | a mixture-of-experts layer's experts on different ranks; tokens travel by all-to-all (dispatch) and back (combine) |
+# | **capacity factor** | an expert takes at most ceil(c·T·k/E) assignments; the rest are dropped (dropless: no cap) |
+# | **load-balancing loss** | Switch Transformer's E·Σ f_e·P_e, added to the loss so the router spreads tokens evenly |
 # | **micro-batch** | a slice of the batch processed as a unit (pipelines, gradient accumulation) |
 # | **Ψ (psi)** | number of parameters |
 # | **K** | optimizer bytes per parameter (12 for mixed-precision Adam) |

@@ -5,9 +5,10 @@ from .activation_explorer import ActivationExplorer, activation_explorer_model
 from .common import figure_png
 from .ring_attention_stepper import RingAttentionStepper, ring_attention_stepper_model
 from .ring_stepper import RingStepper, ring_stepper_model
+from .routing_explorer import RoutingExplorer, routing_explorer_model
 from .schedule_explorer import ScheduleExplorer, schedule_explorer_model
 from .zero_explorer import ZeroExplorer, zero_explorer_model
 
 __all__ = ["RingStepper", "ring_stepper_model", "ZeroExplorer", "zero_explorer_model", "ActivationExplorer",
            "activation_explorer_model", "ScheduleExplorer", "schedule_explorer_model", "RingAttentionStepper",
-           "ring_attention_stepper_model", "figure_png"]
+           "ring_attention_stepper_model", "RoutingExplorer", "routing_explorer_model", "figure_png"]

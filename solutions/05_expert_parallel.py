@@ -1,0 +1,468 @@
+# %% [markdown]
+# # Lesson 05 — Mixture of experts and expert parallelism
+#
+# A mixture-of-experts (MoE) layer replaces a transformer's MLP with many MLPs, the
+# experts, and a router that sends each token to a few of them. Parameters grow with the
+# number of experts; the compute per token grows only with the few it visits. Attention
+# stays dense. Spread over GPUs, each holds some experts and the tokens travel to them:
+# two all-to-alls per layer, whose sizes depend on where the router sends the tokens.
+#
+# You will write top-k routing (Exercise 5.1), the permutation of tokens into expert order
+# and back (5.2), the expert-parallel forward (5.3) and backward (5.4), and capacity with
+# dropping (5.5); and answer two napkins: all-to-all bytes per layer, and tokens dropped
+# under a skewed router.
+
+# %%
+import numpy as np
+import matplotlib.pyplot as plt
+import torch
+
+from emulator import Mesh, Topology, World, nn, viz
+from emulator.accounting import CASE_STUDIES, all_to_all_bytes_per_layer, experts_per_gpu
+from emulator.nn import torch_reference as R
+from emulator.nn.moe import experts_forward, route, route_backward, experts_backward_input, experts_backward_weight
+from emulator.parallel import expert_parallel as ep
+from emulator.parallel.moe_alternatives import hierarchical_all_to_all, shard_experts_tp, tp_moe_forward
+from emulator.grading import lesson05 as grade
+from emulator.notebook import setup
+
+setup()
+
+# %% [markdown]
+# ## 1. An MoE layer on one device
+#
+# For tokens $x$ (T, d): the router computes $p = \mathrm{softmax}(x W_r)$ over $E$
+# experts; each token keeps its $k$ most probable experts, with those $k$ probabilities
+# renormalised to sum to one as weights. Tokens are sorted by expert so that each expert
+# runs one matrix multiplication on a contiguous block; each token's output is the
+# weighted sum of its experts' outputs. `nn.MoE` has forward and backward (router
+# included); here it is against torch's autograd:
+
+# %%
+moe = nn.MoE(d_model=16, d_ff=32, n_experts=8, top_k=2, dtype=np.float64)
+params = moe.init(np.random.default_rng(0))
+params["router.w"] *= 30  # a router with opinions
+x = np.random.default_rng(1).standard_normal((64, 16))
+dy = np.random.default_rng(2).standard_normal((64, 16))
+y, cache = moe.forward(params, x)
+dx, grads = moe.backward(params, cache, dy)
+tp_ = R.to_torch(params)
+tx = torch.tensor(x, requires_grad=True)
+(R.moe(tp_, tx, 2) * torch.tensor(dy)).sum().backward()
+print(f"max difference from torch: output {np.abs(y - R.moe(tp_, tx, 2).detach().numpy()).max():.1e}, input gradient "
+      f"{np.abs(dx - tx.grad.numpy()).max():.1e}, router gradient {np.abs(grads['router.w'] - tp_['router.w'].grad.numpy()).max():.1e}")
+print(f"tokens per expert: {cache['counts'].tolist()}")
+weights_used = 16 * 8 + 2 * (2 * 16 * 32)  # the router and two experts' matrices
+print(f"parameters {moe.parameters():,}; used per token {moe.active_parameters():,} ({weights_used:,} of them in "
+      f"matrices); forward FLOPs per token {moe.flops((1, 16))['forward']:,} = 2 x {weights_used:,}")
+
+# %% [markdown]
+# The 6ND rule of thumb still holds with $N$ the *active* parameters: a token pays for the
+# experts it visits, not for all of them. That is the point of MoE: DeepSeek-V3 has 671B
+# parameters and runs 37B per token.
+#
+# **Exercise 5.1** — top-k routing. `logits` is (T, E); return the ids (T, k) of each
+# token's k most probable experts, most probable first, and their softmax probabilities
+# renormalised over the k (T, k).
+
+# %%
+def top_k_route(logits, k):
+    ### BEGIN SOLUTION: Exercise 5.1: top-k routing
+    z = np.exp(logits - logits.max(1, keepdims=True))
+    p = z / z.sum(1, keepdims=True)
+    idx = np.argsort(-p, axis=1, kind="stable")[:, :k]
+    sel = np.take_along_axis(p, idx, axis=1)
+    return idx, sel / sel.sum(1, keepdims=True)
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.check_top_k_route(top_k_route)
+
+# %% [markdown]
+# **Exercise 5.2** — the permutation. With `expert_ids` the flattened (T·k) choices (token
+# by token), `permute` returns the order that sorts assignments by expert, stable (token
+# order within one expert), and the number of assignments per expert; `unpermute` takes
+# the experts' outputs `ys` in that order and returns each token's weighted sum (`tokens[i]`
+# is the token of assignment i, `weights` the (T, k) weights).
+
+# %%
+def permute(expert_ids, n_experts):
+    ### BEGIN SOLUTION: Exercise 5.2: tokens into expert order
+    return np.argsort(expert_ids, kind="stable"), np.bincount(expert_ids, minlength=n_experts)
+    ### END SOLUTION
+
+
+def unpermute(ys, order, tokens, weights, n_tokens):
+    ### BEGIN SOLUTION: Exercise 5.2: and back, weighted
+    y = np.zeros((n_tokens, ys.shape[1]))
+    np.add.at(y, tokens[order], weights.ravel()[order, None] * ys)
+    return y
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.check_permutation(permute, unpermute)
+
+# %% [markdown]
+# ## 2. Expert parallelism
+#
+# Give each of $n$ ranks $E/n$ whole experts (rank $r$: experts $rE/n$ to $(r+1)E/n - 1$)
+# and a copy of the router. Each rank routes its own tokens, then:
+#
+# 1. **count exchange**: an all-to-all of per-expert counts, so every rank knows how many
+#    rows it will receive from each other rank;
+# 2. **dispatch**: one uneven all-to-all (`all_to_all_single` with split sizes) sends each
+#    row to the rank of its expert;
+# 3. the experts run on what arrived;
+# 4. **combine**: the reverse all-to-all brings the outputs home, to be weighted and summed.
+#
+# The layer below on 4 ranks equals the single-device layer on all 64 tokens; the bytes of
+# each rank's dispatch are its routed rows:
+
+# %%
+xs = np.split(x, 4)
+
+
+def ep_layer(comm):
+    local = ep.shard_experts(params, comm.size, comm.rank)
+    return ep.forward(comm, moe, local, xs[comm.rank])
+
+
+world = World(4)
+out = world.run(ep_layer)
+print(f"max difference from one device: {np.abs(np.concatenate([o[0] for o in out]) - y).max():.1e}")
+even = all_to_all_bytes_per_layer(16, 16, 2, 4, dtype_bytes=8)
+for r in range(4):
+    print(f"rank {r}: " + ", ".join(f"{c.op} {c.nbytes:,} B" for c in world.calls[r]) +
+          f"; sent to other ranks {world.stats().bytes_sent[r]:,} B (even routing: {even:,.0f} B + the counts)")
+
+# %% [markdown]
+# With $t$ tokens per rank, each routed to $k$ experts spread evenly over $n$ ranks, a
+# dispatch sends $(n-1)/n$ of $tk$ rows of width $d$ to other ranks, and the combine as
+# many back. The router here is uneven, so the ranks' bytes differ; the call sizes are
+# every routed row (a rank's rows for its own experts stay home in a real implementation).
+#
+# **Exercise 5.3** — the expert-parallel forward, dropless. `params` is this rank's
+# (`ep.shard_experts`), `x` its tokens (T, d). Use `route(params["router.w"], x, k)` and
+# `experts_forward(params, rows, counts)` (rows sorted by local expert, `counts` per local
+# expert), and `comm.all_to_all_single(x, output_split_sizes, input_split_sizes)`. Return
+# this rank's output (T, d).
+
+# %%
+def ep_forward(comm, moe, params, x):
+    ### BEGIN SOLUTION: Exercise 5.3: expert-parallel forward
+    n, k = comm.size, moe.top_k
+    local = moe.n_experts // n
+    idx, weights, _ = route(params["router.w"], x, k)
+    ids, tokens = idx.ravel(), np.repeat(np.arange(len(x)), k)
+    order = np.argsort(ids, kind="stable")
+    counts = np.bincount(ids, minlength=moe.n_experts)
+    incoming = comm.all_to_all_single(counts).reshape(n, local)  # [from rank, my expert]
+    send, recv = counts.reshape(n, local).sum(1).tolist(), incoming.sum(1).tolist()
+    rows = comm.all_to_all_single(x[tokens[order]], recv, send)
+    starts = np.concatenate([[0], np.cumsum(incoming.ravel())])[:-1].reshape(n, local)
+    by_expert = np.concatenate([np.arange(starts[i, j], starts[i, j] + incoming[i, j])
+                                for j in range(local) for i in range(n)]).astype(int)
+    ys, _ = experts_forward(params, rows[by_expert], incoming.sum(0))
+    back_rows = np.empty_like(rows)
+    back_rows[by_expert] = ys
+    back = comm.all_to_all_single(back_rows, send, recv)
+    out = np.zeros_like(x)
+    np.add.at(out, tokens[order], weights.ravel()[order, None] * back)
+    return out
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.check_ep_forward(ep_forward)
+
+# %% [markdown]
+# **Exercise 5.4** — the backward. `cache` is the library forward's: `cache["order"]`,
+# `cache["tokens"]`, `cache["weights"]` as above, `cache["back"]` the expert outputs that
+# came home (in `order`), `cache["kept"]` the received rows each local expert computed (in
+# expert order), `cache["rows"]` how many rows arrived, `cache["experts"]` the experts'
+# cache, `cache["splits"]` the (send, receive) split sizes, `cache["route"]` the router's.
+# Send the output gradients to the experts, run `experts_backward_input` and
+# `experts_backward_weight`, send the input gradients home, and finish with
+# `route_backward(params["router.w"], cache["route"], dweights)` (dweights: the gradient of
+# the (T, k) weights) which returns `(dx, dlogits)`; the router's gradient is
+# `x.T @ dlogits` (`cache["route"]["x"]` is x).
+
+# %%
+def ep_backward(comm, moe, params, cache, dy):
+    ### BEGIN SOLUTION: Exercise 5.4: expert-parallel backward
+    order, tokens, back, kept = cache["order"], cache["tokens"], cache["back"], cache["kept"]
+    send, recv = cache["splits"]
+    w = cache["weights"].ravel()
+    dweights = np.zeros(len(w))
+    dweights[order] = (dy[tokens[order]] * back).sum(-1)
+    d_rows = comm.all_to_all_single(w[order, None] * dy[tokens[order]], recv, send)
+    dxs = experts_backward_input(params, cache["experts"], d_rows[kept])
+    grads = experts_backward_weight(params, cache["experts"], d_rows[kept])
+    dx_rows = np.zeros((cache["rows"], dy.shape[1]))
+    dx_rows[kept] = dxs
+    dx_home = comm.all_to_all_single(dx_rows, send, recv)
+    dx, dlogits = route_backward(params["router.w"], cache["route"], dweights.reshape(-1, moe.top_k))
+    np.add.at(dx, tokens[order], dx_home)
+    grads["router.w"] = cache["route"]["x"].T @ dlogits
+    return dx, grads
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.check_ep_backward(ep_backward)
+
+# %% [markdown]
+# ## 3. Capacity
+#
+# An expert's buffer has a fixed size in most implementations: the **capacity**,
+# $\lceil c \cdot Tk/E \rceil$ assignments for a capacity factor $c$. When the router sends
+# more, the ones past capacity are **dropped**: first come, first served, the token gets
+# nothing from that expert (the residual connection around the layer still carries it).
+# Dropless routing gives each expert whatever arrives, with variable-size buffers: no token
+# lost, but memory and time set by the busiest expert.
+#
+# **Exercise 5.5** — which assignments fit. `expert_ids` lists the assignments in arrival
+# order; return a boolean per assignment: kept if fewer than `capacity` earlier
+# assignments went to the same expert.
+
+# %%
+def keep_within_capacity(expert_ids, n_experts, capacity):
+    ### BEGIN SOLUTION: Exercise 5.5: capacity, first come first served
+    onehot = expert_ids[:, None] == np.arange(n_experts)[None, :]
+    place = np.cumsum(onehot, axis=0)[np.arange(len(expert_ids)), expert_ids] - 1
+    return place < capacity
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.check_capacity(keep_within_capacity)
+
+# %% [markdown]
+# A skewed router: 1024 tokens, 8 experts, top-2, at capacity factors 1 and 1.25, and
+# dropless (the dropped assignments counted by `nn.MoE`):
+
+# %%
+skewed = nn.MoE(16, 32, 8, 2, dtype=np.float64)
+sp = skewed.init(np.random.default_rng(3))
+sp["router.w"] *= 30
+u = np.ones(16) / 4.0  # a direction every token leans along; the router likes expert 0 along it
+sp["router.w"][:, 0] += 0.8 * u
+tokens_1k = np.random.default_rng(4).standard_normal((1024, 16)) + 2 * u
+fig, ax = plt.subplots(figsize=(7.5, 2.8))
+for i, cf in enumerate((None, 1.0, 1.25)):
+    m = nn.MoE(16, 32, 8, 2, capacity_factor=cf, dtype=np.float64)
+    _, c = m.forward(sp, tokens_1k)
+    ax.bar(np.arange(8) + (i - 1) * 0.27, c["counts"], width=0.27, label=f"{'dropless' if cf is None else f'c = {cf}'}"
+           f" ({c['dropped']} dropped)")
+    if cf:
+        ax.axhline(np.ceil(cf * 1024 * 2 / 8), ls="--", lw=1, color=f"C{i}")
+ax.set_xlabel("expert")
+ax.set_ylabel("assignments computed")
+ax.legend(frameon=False, fontsize=8)
+plt.show()
+
+# %% [markdown]
+# Dropless keeps all 2048 assignments but expert 0's buffer is several times the average;
+# capacity caps every buffer and drops what overflows. A **load-balancing loss** (Switch
+# Transformer) pushes the router towards even use: $E\sum_e f_e P_e$, with $f_e$ the share
+# of assignments expert $e$ received and $P_e$ its mean router probability (1 when
+# perfectly balanced). `nn.MoE(aux_loss_coef=...)` adds its gradient to the router's.
+# Training only the router on that loss for a few steps:
+
+# %%
+trained = dict(sp)
+history = []
+balancer = nn.MoE(16, 32, 8, 2, aux_loss_coef=1.0, dtype=np.float64)
+for step in range(30):
+    out_, c = balancer.forward(trained, tokens_1k)
+    history.append((c["aux_loss"], c["counts"].max() / c["counts"].mean()))
+    g = balancer.backward(trained, c, np.zeros_like(out_))[1]
+    trained["router.w"] = trained["router.w"] - 20.0 * g["router.w"]
+fig, ax = plt.subplots(figsize=(7.5, 2.6))
+ax.plot([h[1] for h in history], "o-", ms=3, label="busiest expert / mean")
+ax.plot([h[0] for h in history], "s-", ms=3, label="load-balancing loss")
+ax.axhline(1, color="grey", lw=1)
+ax.set_xlabel("step (router trained on the auxiliary loss alone)")
+ax.legend(frameon=False)
+plt.show()
+print(f"busiest expert / mean: {history[0][1]:.2f} -> {history[-1][1]:.2f}")
+
+# %% [markdown]
+# ## 4. Imbalance is time
+#
+# With experts split over ranks, the busiest expert's rank computes longest, and every
+# other rank waits for it in the combine. The same skewed router on 4 ranks (compute
+# charged at a slow 100 GFLOP/s, so the experts' time is visible):
+
+# %%
+def skewed_layer(comm):
+    local = ep.shard_experts(sp, comm.size, comm.rank)
+    return ep.forward(comm, nn.MoE(16, 32, 8, 2, dtype=np.float64), local, np.split(tokens_1k, 4)[comm.rank])[1]
+
+
+world = World(4, topology=Topology(flops=1e11))
+caches = world.run(skewed_layer)
+viz.gantt(world.timeline(), title="expert parallel forward: rank 0 holds the favourite expert")
+plt.show()
+for r, c in enumerate(caches):
+    print(f"rank {r}: experts {2 * r}, {2 * r + 1} computed {c['counts'].sum()} rows; busy "
+          f"{world.timeline().total('compute', r) * 1e6:.0f} us of {world.timeline().makespan * 1e6:.0f}")
+
+# %% [markdown]
+# ## 5. The all-to-all is latency-bound, and crosses nodes
+#
+# An all-to-all sends a message to every other rank: across two nodes of 8, each GPU sends
+# 8 of its 15 messages over its NIC, each small. DeepSeek's DeepEP (and NVIDIA's
+# Hybrid-EP) dispatch in two hops instead: inside the node over NVLink, everything bound for
+# GPU $m$ of any node goes to local GPU $m$ first; then one message per remote node between
+# GPUs of the same index (the same rail). Bytes are the same, messages per NIC divide by 8.
+# Measured for small and large messages on 16 ranks:
+
+# %%
+topo = Topology(gpus_per_node=8)
+print(f"{'bytes per pair':>15s} {'flat':>10s} {'two hops':>10s}")
+for size in (256, 4096, 65536, 1048576):
+    times = []
+    for fn in (lambda comm, ch: comm.all_to_all(ch), lambda comm, ch: hierarchical_all_to_all(comm, ch, 8)):
+        w = World(16, topology=topo)
+        w.run(lambda comm: fn(comm, [np.zeros(size // 4, np.float32) for _ in range(16)]))
+        times.append(max(w.stats().time))
+    print(f"{size:>15,d} {times[0] * 1e6:>8.1f}us {times[1] * 1e6:>8.1f}us")
+
+# %% [markdown]
+# The two-hop version wins at every size here: each NIC carries one large message per
+# remote node instead of one small one per remote GPU. The gain is largest for small
+# messages, typical of an MoE dispatch with many experts (each pair of GPUs exchanges few
+# tokens), where the NIC's latency, paid once per message, is most of the time.
+#
+# ## 6. EP or TP for the experts?
+#
+# Tensor parallelism could split every expert instead: each rank holds a slice of all
+# experts, computes all tokens on its slices, and all-reduces the dense (T, d) output.
+# Expert parallelism keeps each expert's matrices whole and moves only the routed rows.
+# The same layer on 8 ranks of one node, 2048 tokens, at two widths $d$ (narrow experts,
+# d_ff = 64, keep the notebook quick; the bytes depend on $d$; compute charged at an
+# H100's peak):
+
+# %%
+for d in (64, 1024):
+    big = nn.MoE(d, 64, 8, 2, dtype=np.float32)
+    bp = big.init(np.random.default_rng(5))
+    tokens_2k = np.random.default_rng(6).standard_normal((2048, d)).astype(np.float32)
+    ref_y, _ = big.forward(bp, tokens_2k)
+    runs = {"TP 8 (slices of every expert)": lambda comm: tp_moe_forward(
+                comm, big, shard_experts_tp(bp, 8, comm.rank), tokens_2k),
+            "EP 8 (one whole expert each)": lambda comm: ep.forward(
+                comm, big, ep.shard_experts(bp, 8, comm.rank), np.split(tokens_2k, 8)[comm.rank])[0]}
+    for name, fn in runs.items():
+        w = World(8)
+        res = w.run(fn)
+        got = res[0] if name.startswith("TP") else np.concatenate(res)
+        print(f"d={d:3d} {name:30s}: {w.stats().bytes_sent[0] / 1e6:6.2f} MB sent per rank, "
+              f"{max(w.stats().time) * 1e6:5.1f} us; max error {np.abs(got - ref_y).max():.1e}")
+
+# %% [markdown]
+# TP replicates the tokens on every rank and all-reduces dense outputs; EP sends each token
+# only where it is routed: a quarter of the bytes here (top-2 of 8). At the small width
+# the messages are tiny and EP's three all-to-alls (counts, dispatch, combine, 7 steps
+# each) pay more latency than TP's one all-reduce; at width 1024 the bytes dominate and EP
+# is faster. With EP equal to the number of experts each rank holds one whole expert, its
+# GEMMs full size, and no weights are permuted.
+#
+# ## 7. Composition: different splits for attention and experts
+#
+# Attention and MoE layers need not use the same groups. On 8 ranks, attention may run
+# TP 2 x DP 4 while the experts run EP 4 x expert-DP 2: the same ranks, grouped two ways.
+# Expert parallelism usually lives inside the data-parallel ranks (EP is bounded by DP),
+# so the degrees do not simply multiply.
+
+# %%
+attention, experts = Mesh({"dp": 4, "tp": 2}), Mesh({"edp": 2, "ep": 4})
+for r in range(8):
+    print(f"rank {r}: attention TP group {list(attention.group_ranks('tp', r))}, DP group "
+          f"{list(attention.group_ranks('dp', r))} | experts EP group {list(experts.group_ranks('ep', r))}, "
+          f"expert-DP group {list(experts.group_ranks('edp', r))}")
+
+# %% [markdown]
+# ## 8. Three published MoE models
+#
+# Experts per GPU and the all-to-all bytes per layer per GPU (forward dispatch and combine,
+# bf16, 4096 tokens per GPU), from each model's published shape and its training's
+# parallelism:
+
+# %%
+print(f"{'model':16s} {'experts':>8s} {'top-k':>6s} {'d_model':>8s} {'EP':>4s} {'PP':>4s} {'TP':>4s} "
+      f"{'experts/GPU':>12s} {'MB per layer':>13s}")
+for name, m in CASE_STUDIES.items():
+    mb = all_to_all_bytes_per_layer(4096, m["d_model"], m["top_k"], m["ep"]) / 1e6
+    print(f"{name:16s} {m['n_experts']:>8d} {m['top_k']:>6d} {m['d_model']:>8d} {m['ep']:>4d} {m['pp']:>4d} "
+          f"{m['tp']:>4d} {experts_per_gpu(m['n_experts'], m['ep']):>12d} {mb:>13.0f}")
+for name, m in CASE_STUDIES.items():
+    print(f"  {name}: {m['source']}")
+
+# %% [markdown]
+# DeepSeek-V3 spreads 256 experts over 64 GPUs (8 nodes), 4 per GPU, each token to 8
+# experts: hundreds of MB per layer cross the NICs, which is why its dispatch is in FP8 and
+# limited to 4 nodes per token, and why DeepEP exists.
+#
+# **Napkin 5.1** — the forward all-to-all bytes one GPU sends per MoE layer (dispatch and
+# combine), for `tokens` tokens on the GPU, width `d_model`, `top_k` experts per token
+# spread evenly over `ep` GPUs, `dtype_bytes` per value.
+
+# %%
+def napkin_a2a_bytes(tokens=4096, d_model=7168, top_k=8, ep=64, dtype_bytes=2):
+    ### BEGIN SOLUTION: Napkin 5.1: all-to-all bytes per layer
+    return 2 * tokens * top_k * d_model * dtype_bytes * (ep - 1) / ep
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.napkin_a2a(napkin_a2a_bytes)
+
+# %% [markdown]
+# **Napkin 5.2** — `tokens` tokens each choose `top_k` of `n_experts` experts; one expert
+# receives `hot_share` of all assignments and the others share the rest evenly. With
+# capacity $\lceil c\,Tk/E \rceil$ per expert (`capacity_factor` c), how many assignments
+# are dropped?
+
+# %%
+def napkin_dropped(tokens=4096, top_k=2, n_experts=8, capacity_factor=1.25, hot_share=0.3):
+    ### BEGIN SOLUTION: Napkin 5.2: tokens dropped under skew
+    total = tokens * top_k
+    cap = np.ceil(capacity_factor * total / n_experts)
+    rest = (1 - hot_share) * total / (n_experts - 1)
+    return max(0.0, hot_share * total - cap) + (n_experts - 1) * max(0.0, rest - cap)
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.napkin_drops(napkin_dropped)
+
+# %% [markdown]
+# ## 9. Explore
+#
+# Experts, k, capacity factor, how much the router favours one expert, and the EP size:
+# tokens per expert against capacity, the dropped ones, and each rank's all-to-all bytes
+# and time, measured on the emulator.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from emulator.widgets import RoutingExplorer
+
+RoutingExplorer(n_experts=8, top_k=2, capacity_factor=1.25, skew=1.0, ep=4)
+
+# %% [markdown]
+# ## 10. On real GPUs
+#
+# `gpu_labs/05_expert_parallel.py` runs the expert-parallel layer over
+# `torch.distributed.all_to_all_single` with split sizes (counts exchanged first), forward
+# and backward, against the dense single-process layer; on GPUs it times dispatch and
+# combine beside the emulator's prediction, and records its calls for comparison:
+#
+# ```
+# torchrun --standalone --nproc-per-node 4 gpu_labs/05_expert_parallel.py
+# ```
+#
+# **Next:** lesson 06 puts DP, TP, PP, CP and EP on one mesh.
