@@ -104,3 +104,22 @@ def test_ring_attention_stepper_model_and_widget():
     assert "Work so far per rank: 7, 7, 7, 7" in w.caption.value
     w.c.value = 2  # the step slider follows the ring's size
     assert w.step.max == 1 and "step 1 of 1" in w.caption.value
+
+
+def test_routing_explorer_model_and_widget():
+    from emulator.widgets import RoutingExplorer, routing_explorer_model
+
+    even = routing_explorer_model(8, 2, 1.25, skew=0.0, ep_size=4)
+    assert even["dropped"] == 0 and even["wanted"].sum() == 1024
+    skewed = routing_explorer_model(8, 2, 1.25, skew=4.0, ep_size=4)
+    assert skewed["wanted"].argmax() == 0 and skewed["dropped"] == (skewed["wanted"] - skewed["kept"]).sum() > 0
+    assert skewed["kept"].max() <= skewed["capacity"] == 160
+    assert routing_explorer_model(8, 2, None, skew=4.0, ep_size=4)["dropped"] == 0  # dropless
+    assert routing_explorer_model(8, 2, 1.25, skew=1.0, ep_size=1)["bytes"] == [0]  # one rank: nothing travels
+    w = RoutingExplorer(n_experts=8, top_k=2, capacity_factor=1.25, skew=1.0, ep=4)
+    before, image = w.summary.value, w.image.value
+    w.skew.value = 4.0
+    assert w.summary.value != before and w.image.value != image and "276 of 1024" in w.summary.value
+    w.n_experts.value = 4
+    w.ep.value = 8  # 4 experts over 8 ranks: said in the widget, not raised
+    assert "do not split over EP 8" in w.summary.value

@@ -25,10 +25,11 @@ def routing_explorer_model(n_experts=8, top_k=2, capacity_factor=1.25, skew=1.0,
     rng = np.random.default_rng(0)
     moe = nn.MoE(D, 2 * D, n_experts, top_k, capacity_factor, dtype=np.float32)
     params = moe.init(rng)
-    u = np.ones(D, np.float32) / np.sqrt(D)
     params["router.w"] = (rng.standard_normal((D, n_experts)) * 0.5).astype(np.float32)
-    params["router.w"][:, 0] += skew * u  # tokens lean along u: the router favours expert 0 by `skew`
-    x = (rng.standard_normal((TOKENS, D)) + 2 * u).astype(np.float32)
+    x = rng.standard_normal((TOKENS, D)).astype(np.float32)
+    x[:, 0] = 1.0  # a constant feature: through it the router adds `skew` to expert 0's logit
+    params["router.w"][0] = 0.0
+    params["router.w"][0, 0] = skew
     idx, _, _ = route(params["router.w"], x, top_k)
     ids = idx.ravel()
     wanted = np.bincount(ids, minlength=n_experts)

@@ -135,9 +135,26 @@ def drive_ring_attention_stepper(page, shot):
     cell.screenshot(path=str(shot("ring_attention_contiguous_step2")))
 
 
+def drive_routing_explorer(page, shot):
+    """Raise the router's skew, then pick dropless (capacity 0): the drops follow."""
+    cell = widget_cell(page, ".routing-summary")
+    summary = cell.locator(".routing-summary")
+    cell.locator("img").first.wait_for(state="visible")
+    cell.screenshot(path=str(shot("routing_explorer_start")))
+    assert summary.inner_text().startswith("56 of 1024 assignments dropped")
+    handle = cell.locator(".widget-hslider", has=page.locator("label:text-is('skew')")).locator(".noUi-handle")
+    handle.focus()
+    before = summary.inner_text()
+    handle.press("ArrowRight")
+    text = wait_text_change(summary, before)
+    assert text.startswith("101 of 1024"), text
+    cell.screenshot(path=str(shot("routing_explorer_skew")))
+
+
 DRIVERS = {"00_collectives": [drive_ring_stepper], "01_data_parallel": [drive_zero_explorer],
            "02_tensor_parallel": [drive_activation_explorer], "03_pipeline": [drive_schedule_explorer],
-           "04_context_parallel": [drive_ring_attention_stepper]}
+           "04_context_parallel": [drive_ring_attention_stepper],
+           "05_expert_parallel": [drive_routing_explorer]}
 
 
 @pytest.fixture(scope="module")
