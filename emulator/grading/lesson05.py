@@ -138,8 +138,10 @@ def check_ep_backward(fn):
                 else:
                     compare_arrays(f"{label}: gradient of {key}", np.concatenate([g[1][key] for g in got]), grads[key])
             ops = [c.op for c in world.calls[0]]
-            expect(ops == ["all_to_all_single"] * 2, f"{label}: the backward made {ops}; it needs two all-to-alls: "
-                   f"output gradients out to the experts, input gradients back (the counts are known)")
+            a2a = [op for op in ops if op.startswith("all_to_all")]
+            expect(len(a2a) == 2 and set(ops) - {"all_to_all_single", "all_reduce"} == set(),
+                   f"{label}: the backward made {ops}; it needs two all-to-alls: output gradients out to the experts, "
+                   f"input gradients back (the counts are known); an all-reduce of the router's gradient is allowed")
     passed(what, "input and every parameter gradient equal the single-device layer for ep = 1, 2, 4; two all-to-alls")
 
 
@@ -182,7 +184,7 @@ def napkin_drops(fn):
     cases = [dict(tokens=4096, top_k=2, n_experts=8, capacity_factor=1.25, hot_share=0.3),
              dict(tokens=1024, top_k=1, n_experts=4, capacity_factor=1.0, hot_share=0.5),
              dict(tokens=8192, top_k=8, n_experts=64, capacity_factor=2.0, hot_share=0.05),
-             dict(tokens=2048, top_k=2, n_experts=16, capacity_factor=1.5, hot_share=0.02)]
+             dict(tokens=1024, top_k=1, n_experts=4, capacity_factor=1.0, hot_share=0.1)]  # the rest overflow
 
     def model(**kw):
         return (formulas.expected_drops(**kw),)
