@@ -58,6 +58,12 @@ class Recorder:
         self._record("all_gather", t, group, size_bytes=_nbytes(out))
         return dist.all_gather_single(out, t, group=group, async_op=async_op)
 
+    def all_to_all_single(self, out, t, output_split_sizes=None, input_split_sizes=None, group=None,
+                          async_op=False):
+        """Rows of ``t`` split by ``input_split_sizes`` to every rank; ``out`` gets theirs."""
+        self._record("all_to_all_single", t, group)
+        return dist.all_to_all_single(out, t, output_split_sizes, input_split_sizes, group=group, async_op=async_op)
+
     # ----------------------------------------------------------------- point to point
     def batch_isend_irecv(self, ops, group=None):
         """``ops``: a list of ``("send", tensor, peer)`` / ``("recv", tensor, peer)`` with

@@ -166,3 +166,28 @@ def test_context_parallel_lab(n, dtype, tmp_path):
     world = World(n)
     world.run(prog)
     same_calls(tmp_path / "04_context_parallel.calls.json", world)
+
+
+@pytest.mark.parametrize("n,dtype", [(2, "float64"), (4, "float64"), (2, "float32"), (4, "float32")])
+def test_expert_parallel_lab(n, dtype, tmp_path):
+    from emulator.parallel import expert_parallel as ep
+
+    out = torchrun(n, "05_expert_parallel.py", "--dtype", dtype, "--iters", "1", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"expert parallel, {n} ranks: output, input gradient and 5 parameter gradients match" in out.stdout
+    assert "| emulator's model on H100 NVLink" in out.stdout
+    np_dtype = np.float64 if dtype == "float64" else np.float32
+    moe = nn.MoE(16, 32, 8, 2, dtype=np_dtype)  # the lab's layer and tokens: the same calls, rank by rank
+    p = moe.init(np.random.default_rng(0))
+    p["router.w"] = (p["router.w"] * 40).astype(np_dtype)
+    rng = np.random.default_rng(1)
+    x, dy = (rng.standard_normal((n * 12, 16)).astype(np_dtype) for _ in range(2))
+
+    def prog(comm):
+        local = ep.shard_experts(p, n, comm.rank)
+        y, cache = ep.forward(comm, moe, local, np.split(x, n)[comm.rank])
+        ep.backward(comm, moe, local, cache, np.split(dy, n)[comm.rank])
+
+    world = World(n)
+    world.run(prog)
+    same_calls(tmp_path / "05_expert_parallel.calls.json", world)

@@ -10,6 +10,8 @@
   ``torch.distributed.pipelining``), call for call the emulator's executor.
 * ``ring_attention.ring_attention``: ring attention as an autograd function (the backward
   passes dK/dV around the ring), call for call the emulator's.
+* ``expert_parallel.ep_moe``: an expert-parallel MoE layer over ``all_to_all_single``
+  (dropless), differentiable, call for call the emulator's.
 * ``data_parallel``: the course GPT's DDP and ZeRO-1/2/3 written call for call as
   ``emulator.parallel`` runs them (lab 01 compares the traces).
 """
