@@ -318,18 +318,19 @@ for r, c in enumerate(caches):
 # Hybrid-EP) dispatch in two hops instead: inside the node over NVLink, everything bound for
 # GPU $m$ of any node goes to local GPU $m$ first; then one message per remote node between
 # GPUs of the same index (the same rail). Bytes are the same, messages per NIC divide by 8.
-# Measured for small and large messages on 16 ranks:
+# Measured for small and large messages, inside one node and across two:
 
 # %%
 topo = Topology(gpus_per_node=8)
-print(f"{'bytes per pair':>15s} {'flat':>10s} {'two hops':>10s}")
+print(f"{'bytes per pair':>15s} {'8 GPUs, 1 node':>15s} {'16 GPUs, flat':>14s} {'16 GPUs, 2 hops':>16s}")
 for size in (256, 4096, 65536, 1048576):
     times = []
-    for fn in (lambda comm, ch: comm.all_to_all(ch), lambda comm, ch: hierarchical_all_to_all(comm, ch, 8)):
-        w = World(16, topology=topo)
-        w.run(lambda comm: fn(comm, [np.zeros(size // 4, np.float32) for _ in range(16)]))
+    for n, fn in ((8, lambda comm, ch: comm.all_to_all(ch)), (16, lambda comm, ch: comm.all_to_all(ch)),
+                  (16, lambda comm, ch: hierarchical_all_to_all(comm, ch, 8))):
+        w = World(n, topology=topo)
+        w.run(lambda comm: fn(comm, [np.zeros(size // 4, np.float32) for _ in range(n)]))
         times.append(max(w.stats().time))
-    print(f"{size:>15,d} {times[0] * 1e6:>8.1f}us {times[1] * 1e6:>8.1f}us")
+    print(f"{size:>15,d} " + " ".join(f"{t * 1e6:>13.1f}us" for t in times))
 
 # %% [markdown]
 # The two-hop version wins at every size here: each NIC carries one large message per
