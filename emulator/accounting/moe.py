@@ -43,6 +43,6 @@ def expected_drops(tokens, top_k, n_experts, capacity_factor, hot_share):
     import math
 
     total = tokens * top_k
-    cap = math.ceil(capacity_factor * total / n_experts)
+    cap = math.ceil(capacity_factor * total / n_experts - 1e-9)
     rest = (1 - hot_share) * total / (n_experts - 1)
     return max(0.0, hot_share * total - cap) + (n_experts - 1) * max(0.0, rest - cap)

@@ -62,7 +62,7 @@ def route_backward(w, rc, dweights, dp_extra=None):
 
 def capacity(n_tokens, top_k, n_experts, factor):
     """Assignments an expert takes: ceil(factor * T * k / E); None (dropless) for no factor."""
-    return None if factor is None else int(math.ceil(factor * n_tokens * top_k / n_experts))
+    return None if factor is None else int(math.ceil(factor * n_tokens * top_k / n_experts - 1e-9))  # float noise
 
 
 def keep_first(expert_ids, n_experts, cap):
@@ -202,4 +202,6 @@ class MoE(Module):
         return self.d_model * self.n_experts + self.top_k * per_expert
 
     def parameters(self):
-        return self.d_model * self.n_experts + self.n_experts * (2 * self.d_model * self.d_ff + self.d_ff + self.d_model)
+        """Every parameter: the router and all the experts."""
+        per_expert = 2 * self.d_model * self.d_ff + self.d_ff + self.d_model
+        return self.d_model * self.n_experts + self.n_experts * per_expert

@@ -51,7 +51,7 @@ def moe(p, x, top_k, capacity_factor=None):
     e_ids = idx.reshape(-1)
     keep = torch.ones_like(e_ids, dtype=torch.bool)
     if capacity_factor is not None:
-        cap = math.ceil(capacity_factor * x.shape[0] * top_k / n_experts)
+        cap = math.ceil(capacity_factor * x.shape[0] * top_k / n_experts - 1e-9)
         onehot = torch.nn.functional.one_hot(e_ids, n_experts)
         keep = (onehot.cumsum(0) * onehot).sum(1) - 1 < cap
     y = torch.zeros_like(x)

@@ -83,7 +83,7 @@ class RoutingExplorer(W.VBox):
 
     def _redraw(self, change=None):
         try:
-            self.state = routing_explorer_model(self.n_experts.value, self.top_k.value, self.cf.value or None,
+            self.state = routing_explorer_model(self.n_experts.value, self.top_k.value, round(self.cf.value, 6) or None,
                                                 self.skew.value, self.ep.value)
         except ValueError as exc:  # an EP size that does not divide the experts: said in the widget
             self.summary.value = f"<p class='routing-summary'>{exc}</p>"
