@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
-from common import base_parser, fail, finish, init, say, sync
+from common import add_dtype_option, base_parser, fail, finish, init, lab_dtype, say, sync
 from torch_parallel.data_parallel import VARIANTS, Setup
 from trace import Recorder
 
@@ -47,8 +47,7 @@ def parse():
     ap = base_parser(__doc__)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--batch", type=int, default=8, help="global batch (a multiple of the world size)")
-    ap.add_argument("--dtype", choices=["auto", "float64", "float32"], default="auto",
-                    help="float64 on CPU (exact checks), float32 on GPU (default auto)")
+    add_dtype_option(ap)
     ap.add_argument("--self-test-fault", action="store_true",
                     help="flip the sign of one gradient in the hand-written ZeRO-1, to prove the check catches it")
     return ap.parse_args()
@@ -156,13 +155,11 @@ def emulator_run(params0, batches, n, zero_stage, dtype):
 def main():
     args = parse()
     rank, n, device = init(args.backend)
-    dtype = {"auto": torch.float32 if device.type == "cuda" else torch.float64,
-             "float64": torch.float64, "float32": torch.float32}[args.dtype]
+    dtype, tol = lab_dtype(args.dtype, device)
     if args.batch % n:
         fail(f"--batch {args.batch} does not split over {n} ranks; use a multiple of {n}")
     mesh = init_device_mesh(device.type, (n,), mesh_dim_names=("dp",))
     group = mesh.get_group("dp")
-    tol = 1e-9 if dtype == torch.float64 else 2e-4
     model = nn.GPT(V, D, H, FF, L, S, dtype=np.float64)
     params0 = model.init(np.random.default_rng(0))
     batches = [(torch.tensor(x, device=device), torch.tensor(y, device=device))

@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
-from common import base_parser, fail, finish, init, say, timed
+from common import add_dtype_option, base_parser, fail, finish, init, lab_dtype, say, timed
 from torch_parallel.tensor_parallel import TPBlock
 from trace import Recorder
 
@@ -46,8 +46,7 @@ D, A, FF, B, S = 64, 8, 256, 2, 16
 
 def parse():
     ap = base_parser(__doc__)
-    ap.add_argument("--dtype", choices=["auto", "float64", "float32"], default="auto",
-                    help="float64 on CPU (exact checks), float32 on GPU (default auto)")
+    add_dtype_option(ap)
     ap.add_argument("--iters", type=int, default=10, help="timed all-reduces")
     ap.add_argument("--gpus-per-node", type=int, default=8, help="topology for the model's prediction")
     return ap.parse_args()
@@ -144,9 +143,7 @@ def main():
     rank, n, device = init(args.backend)
     if 8 % n:
         fail(f"{n} ranks: the lab's block (8 heads, sequence 16) needs a number of ranks that divides 8")
-    dtype = {"auto": torch.float32 if device.type == "cuda" else torch.float64,
-             "float64": torch.float64, "float32": torch.float32}[args.dtype]
-    tol = 1e-9 if dtype == torch.float64 else 2e-4
+    dtype, tol = lab_dtype(args.dtype, device)
     mesh = init_device_mesh(device.type, (n,), mesh_dim_names=("tp",))
     group = mesh.get_group("tp")
     params = nn.TransformerBlock(D, A, FF, dtype=np.float64).init(np.random.default_rng(0))

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from common import base_parser, fail, finish, init, say
+from common import add_dtype_option, base_parser, fail, finish, init, lab_dtype, say
 from torch_parallel.pipeline import Executor, GPTStage, loss_fn
 from trace import Recorder
 
@@ -42,8 +42,7 @@ V, D, H, FF, S = 32, 32, 4, 64, 16
 
 def parse():
     ap = base_parser(__doc__)
-    ap.add_argument("--dtype", choices=["auto", "float64", "float32"], default="auto",
-                    help="float64 on CPU (exact checks), float32 on GPU (default auto)")
+    add_dtype_option(ap)
     ap.add_argument("--micro-batches", type=int, default=0, help="m (default 2P)")
     ap.add_argument("--steps", type=int, default=3, help="timed steps of the hand-written 1F1B")
     ap.add_argument("--width", type=int, default=0, help="d_model of the timed model (default 32 on CPU, 1024 on "
@@ -107,10 +106,8 @@ def torch_pipelining(kind, model, params, p, m, rank, x, y, device, dtype):
 def main():
     args = parse()
     rank, p, device = init(args.backend)
-    dtype = {"auto": torch.float32 if device.type == "cuda" else torch.float64,
-             "float64": torch.float64, "float32": torch.float32}[args.dtype]
+    dtype, tol = lab_dtype(args.dtype, device)
     np_dtype = np.float64 if dtype == torch.float64 else np.float32
-    tol = 1e-9 if dtype == torch.float64 else 2e-4
     m = args.micro_batches or 2 * p
     model, params, x, y = model_and_data(p, m, D, S, np_dtype)
     ref_loss, ref = reference(params, x, y, model.n_layers, device, dtype)

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from common import base_parser, fail, finish, init, say, sync
+from common import add_dtype_option, base_parser, fail, finish, init, lab_dtype, say, sync
 from torch_parallel.ring_attention import compute_only, ring_attention
 from trace import Recorder
 
@@ -35,8 +35,7 @@ B, H, S_PER_RANK, D = 2, 4, 16, 8
 
 def parse():
     ap = base_parser(__doc__)
-    ap.add_argument("--dtype", choices=["auto", "float64", "float32"], default="auto",
-                    help="float64 on CPU (exact checks), float32 on GPU (default auto)")
+    add_dtype_option(ap)
     ap.add_argument("--iters", type=int, default=5, help="timed forwards")
     return ap.parse_args()
 
@@ -147,9 +146,7 @@ def timing(c, rank, device, dtype, iters):
 def main():
     args = parse()
     rank, c, device = init(args.backend)
-    dtype = {"auto": torch.float32 if device.type == "cuda" else torch.float64,
-             "float64": torch.float64, "float32": torch.float32}[args.dtype]
-    tol = 1e-9 if dtype == torch.float64 else 2e-4
+    dtype, tol = lab_dtype(args.dtype, device)
     say(f"# {c} ranks, backend {dist.get_backend()}, {dtype}; b={B}, heads={H}, {S_PER_RANK} positions per rank, "
         f"d={D}; tolerance {tol:g}")
     dist.barrier()

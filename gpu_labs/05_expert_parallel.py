@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from common import base_parser, fail, finish, init, say, sync
+from common import add_dtype_option, base_parser, fail, finish, init, lab_dtype, say, sync
 from torch_parallel.expert_parallel import ep_moe
 from trace import Recorder
 
@@ -37,8 +37,7 @@ E, K, D, FF, T_PER_RANK = 8, 2, 16, 32, 12
 
 def parse():
     ap = base_parser(__doc__)
-    ap.add_argument("--dtype", choices=["auto", "float64", "float32"], default="auto",
-                    help="float64 on CPU (exact checks), float32 on GPU (default auto)")
+    add_dtype_option(ap)
     ap.add_argument("--iters", type=int, default=5, help="timed layers")
     return ap.parse_args()
 
@@ -154,9 +153,7 @@ def main():
     rank, n, device = init(args.backend)
     if E % n:
         fail(f"{n} ranks: the lab's {E} experts need a number of ranks that divides {E}")
-    dtype = {"auto": torch.float32 if device.type == "cuda" else torch.float64,
-             "float64": torch.float64, "float32": torch.float32}[args.dtype]
-    tol = 1e-9 if dtype == torch.float64 else 2e-4
+    dtype, tol = lab_dtype(args.dtype, device)
     say(f"# {n} ranks, backend {dist.get_backend()}, {dtype}; MoE d={D}, d_ff={FF}, {E} experts, top-{K}, "
         f"{T_PER_RANK} tokens per rank; tolerance {tol:g}")
     dist.barrier()

@@ -39,6 +39,19 @@ def base_parser(doc):
     return ap
 
 
+def add_dtype_option(ap):
+    """``--dtype auto|float64|float32``: float64 on a CPU (exact checks), float32 on GPUs."""
+    ap.add_argument("--dtype", choices=["auto", "float64", "float32"], default="auto",
+                    help="float64 on CPU (exact checks), float32 on GPU (default auto)")
+
+
+def lab_dtype(name, device):
+    """(torch dtype, tolerance of the lab's checks) for ``--dtype name`` on ``device``."""
+    dtype = {"auto": torch.float32 if device.type == "cuda" else torch.float64,
+             "float64": torch.float64, "float32": torch.float32}[name]
+    return dtype, (1e-9 if dtype == torch.float64 else 2e-4)
+
+
 def init(backend="auto"):
     """Start the process group; returns (rank, world size, device)."""
     os.environ.setdefault("RANK", "0")

@@ -393,7 +393,11 @@ for acc, label in ((np.float32, "fp32 running sums"), (bfloat16, "bf16 running s
         out = World(c).run(lambda comm: cp.ring_attention(comm, *(x[comm.rank] for x in shards), accumulate=acc)[0])
         errs.append(np.sqrt(((cp.gather_sequence(out) - full) ** 2).mean()))
     ax.semilogy(sizes, errs, "o-", label=label)
-    print(f"{label}: RMS error {', '.join(f'{e:.1e}' for e in errs)}")
+    if acc is np.float32:   # round-off whose digits depend on the CPU's BLAS kernels
+        assert max(errs) < 1e-7
+        print(f"{label}: RMS error below 1e-7 at every size")
+    else:
+        print(f"{label}: RMS error {', '.join(f'{e:.1e}' for e in errs)}")
 ax.set_xlabel("ranks in the ring (blocks folded in per query)")
 ax.set_ylabel("RMS error vs fp64")
 ax.set_xticks(sizes)

@@ -361,8 +361,9 @@ for d in (64, 1024):
         w = World(8)
         res = w.run(fn)
         got = res[0] if name.startswith("TP") else np.concatenate(res)
+        assert np.abs(got - ref_y).max() < 1e-6   # float32 round-off; its digits vary by CPU
         print(f"d={d:3d} {name:30s}: {w.stats().bytes_sent[0] / 1e6:6.2f} MB sent per rank, "
-              f"{max(w.stats().time) * 1e6:5.1f} us; max error {np.abs(got - ref_y).max():.1e}")
+              f"{max(w.stats().time) * 1e6:5.1f} us; equal to one device within 1e-6")
 
 # %% [markdown]
 # TP replicates the tokens on every rank and all-reduces dense outputs; EP sends each token

@@ -41,26 +41,44 @@ def wait_text_change(locator, before, seconds=15):
     raise AssertionError(f"the widget did not react: its text stayed {before[:120]!r}")
 
 
+def nudge(page, cell, label, key="ArrowRight"):
+    """Press ``key`` on the slider labelled ``label``."""
+    handle = cell.locator(".widget-hslider", has=page.locator(f"label:text-is('{label}')")).locator(".noUi-handle")
+    handle.focus()
+    handle.press(key)
+
+
+def choose(page, cell, title, option=None, **kw):
+    """Pick ``option`` in the dropdown titled ``title`` (or the only dropdown: title None)."""
+    box = cell.locator(".widget-dropdown", has=page.locator(f"label:text-is('{title}')")) if title else \
+        cell.locator(".widget-dropdown")
+    box.locator("select").select_option(option, **kw)
+
+
+def after(text_locator, action, seconds=15):
+    """Do ``action`` and return the text once it has changed."""
+    before = text_locator.inner_text()
+    action()
+    return wait_text_change(text_locator, before, seconds)
+
+
+def start(page, shot, selector, name):
+    cell = widget_cell(page, selector)
+    cell.locator("img").first.wait_for(state="visible")
+    cell.screenshot(path=str(shot(f"{name}_start")))
+    return cell, cell.locator(selector)
+
+
 def drive_ring_stepper(page, shot):
     """Move the step slider with the keyboard, pick another collective from the dropdown;
     the caption must follow each change."""
-    cell = widget_cell(page, ".ring-caption")
-    caption = cell.locator(".ring-caption")
+    cell, caption = start(page, shot, ".ring-caption", "ring_stepper")
     assert "Step 0" in caption.inner_text()
-    cell.locator("img").first.wait_for(state="visible")
-    cell.screenshot(path=str(shot("ring_stepper_start")))
-    handle = cell.locator(".widget-hslider", has=page.locator("label:text-is('step')")).locator(".noUi-handle")
-    handle.focus()
-    before = caption.inner_text()
-    handle.press("ArrowRight")
-    text = wait_text_change(caption, before)
+    text = after(caption, lambda: nudge(page, cell, "step"))
     assert text.startswith("step 1 of 6"), text
-    handle.press("ArrowRight")
-    assert wait_text_change(caption, text).startswith("step 2 of 6")
+    assert after(caption, lambda: nudge(page, cell, "step")).startswith("step 2 of 6")
     cell.screenshot(path=str(shot("ring_stepper_step2")))
-    before = caption.inner_text()
-    cell.locator(".widget-dropdown select").select_option("all_gather")
-    text = wait_text_change(caption, before)
+    text = after(caption, lambda: choose(page, cell, None, "all_gather"))
     assert "of 3 (all-gather)" in text, text
     cell.screenshot(path=str(shot("ring_stepper_all_gather")))
 
@@ -70,14 +88,9 @@ def drive_zero_explorer(page, shot):
     cell = widget_cell(page, ".zero-summary")
     summary = cell.locator(".zero-summary")
     cell.screenshot(path=str(shot("zero_explorer_start")))
-    before = summary.inner_text()
-    cell.locator(".widget-dropdown", has=page.locator("label:text-is('ZeRO stage')")).locator("select").select_option(label="ZeRO-3")
-    text = wait_text_change(summary, before)
+    text = after(summary, lambda: choose(page, cell, "ZeRO stage", label="ZeRO-3"))
     assert "ZeRO-3" in text, text
-    handle = cell.locator(".widget-hslider", has=page.locator("label:text-is('GPUs')")).locator(".noUi-handle")
-    handle.focus()
-    handle.press("ArrowRight")
-    wait_text_change(summary, text)
+    after(summary, lambda: nudge(page, cell, "GPUs"))
     cell.screenshot(path=str(shot("zero_explorer_zero3")))
 
 
@@ -86,69 +99,42 @@ def drive_activation_explorer(page, shot):
     cell = widget_cell(page, ".activation-summary")
     summary = cell.locator(".activation-summary")
     cell.screenshot(path=str(shot("activation_explorer_start")))
-    before = summary.inner_text()
-    cell.locator(".widget-checkbox input").check()
-    text = wait_text_change(summary, before)
-    cell.locator(".widget-dropdown", has=page.locator("label:text-is('recompute')")).locator("select").select_option(
-        "selective")
-    text = wait_text_change(summary, text)
+    after(summary, lambda: cell.locator(".widget-checkbox input").check())
+    text = after(summary, lambda: choose(page, cell, "recompute", "selective"))
     assert "measured on the emulator" in text, text
     cell.screenshot(path=str(shot("activation_explorer_sp_selective")))
 
 
 def drive_schedule_explorer(page, shot):
     """Switch the schedule to GPipe, then raise the micro-batches; the bubble follows."""
-    cell = widget_cell(page, ".schedule-summary")
-    summary = cell.locator(".schedule-summary")
-    cell.locator("img").first.wait_for(state="visible")
-    cell.screenshot(path=str(shot("schedule_explorer_start")))
-    before = summary.inner_text()
-    cell.locator(".widget-dropdown", has=page.locator("label:text-is('schedule')")).locator("select").select_option(
-        "gpipe")
-    text = wait_text_change(summary, before, seconds=30)
+    cell, summary = start(page, shot, ".schedule-summary", "schedule_explorer")
+    text = after(summary, lambda: choose(page, cell, "schedule", "gpipe"), seconds=30)
     assert "measured bubble 27.27%; formula 27.27%" in text, text
-    handle = cell.locator(".widget-hslider", has=page.locator("label:text-is('m (micro)')")).locator(".noUi-handle")
-    handle.focus()
-    handle.press("ArrowRight")
-    text = wait_text_change(summary, text, seconds=30)
+    text = after(summary, lambda: nudge(page, cell, "m (micro)"), seconds=30)
     assert "measured bubble 25.00%; formula 25.00%" in text, text
     cell.screenshot(path=str(shot("schedule_explorer_gpipe_m9")))
 
 
 def drive_ring_attention_stepper(page, shot):
     """Step the ring forward with the keyboard, then switch the layout; the caption follows."""
-    cell = widget_cell(page, ".ring-attention-caption")
-    caption = cell.locator(".ring-attention-caption")
-    cell.locator("img").first.wait_for(state="visible")
-    cell.screenshot(path=str(shot("ring_attention_start")))
+    cell, caption = start(page, shot, ".ring-attention-caption", "ring_attention")
     assert caption.inner_text().startswith("step 1 of 3")
-    handle = cell.locator(".widget-hslider", has=page.locator("label:text-is('step')")).locator(".noUi-handle")
-    handle.focus()
-    before = caption.inner_text()
-    handle.press("ArrowRight")
-    text = wait_text_change(caption, before)
+    text = after(caption, lambda: nudge(page, cell, "step"))
     assert text.startswith("step 2 of 3") and "7, 7, 7, 7" in text, text
-    cell.locator(".widget-dropdown", has=page.locator("label:text-is('layout')")).locator("select").select_option(
-        "contiguous")
-    text = wait_text_change(caption, text)
+    text = after(caption, lambda: choose(page, cell, "layout", "contiguous"))
     assert "Work so far per rank: 4, 8, 12, 12" in text, text
     cell.screenshot(path=str(shot("ring_attention_contiguous_step2")))
 
 
 def drive_routing_explorer(page, shot):
-    """Raise the router's skew, then pick dropless (capacity 0): the drops follow."""
-    cell = widget_cell(page, ".routing-summary")
-    summary = cell.locator(".routing-summary")
-    cell.locator("img").first.wait_for(state="visible")
-    cell.screenshot(path=str(shot("routing_explorer_start")))
+    """Raise the router's skew, then make the layer dropless; the drops follow."""
+    cell, summary = start(page, shot, ".routing-summary", "routing_explorer")
     assert summary.inner_text().startswith("56 of 1024 assignments dropped")
-    handle = cell.locator(".widget-hslider", has=page.locator("label:text-is('skew')")).locator(".noUi-handle")
-    handle.focus()
-    before = summary.inner_text()
-    handle.press("ArrowRight")
-    text = wait_text_change(summary, before)
+    text = after(summary, lambda: nudge(page, cell, "skew"))
     assert text.startswith("101 of 1024"), text
-    cell.screenshot(path=str(shot("routing_explorer_skew")))
+    text = after(summary, lambda: nudge(page, cell, "capacity (0: none)", "Home"))
+    assert text.startswith("0 of 1024 assignments dropped (dropless)"), text
+    cell.screenshot(path=str(shot("routing_explorer_skew_dropless")))
 
 
 DRIVERS = {"00_collectives": [drive_ring_stepper], "01_data_parallel": [drive_zero_explorer],
