@@ -47,7 +47,8 @@
 # ```
 #
 # writes one row per student, PASS or FAIL per check and the first failure's message.
-# Problem sets with different numbers for every student:
+# Problem sets with different numbers for every student (the napkins of lessons 00 to 05 and
+# Problems 8.1 to 8.4; answers are JSON, graded against the same functions as the checks):
 #
 # ```
 # .venv/bin/python -m tools.problem_set make --students alice,bob --out sheets/

@@ -83,3 +83,21 @@ def test_problem_sets_are_per_student_reproducible_and_graded(tmp_path):
     half = dict(right, **{"Problem 8.1": dict(right["Problem 8.1"], fits=[0, 1, 2, 3])})
     ok, why = P.grade_answer("Problem 8.1", P.variant("alice", "Problem 8.1"), half["Problem 8.1"])
     assert ok == (right["Problem 8.1"]["fits"] == [0, 1, 2, 3]) and (ok or "fit" in why)
+
+
+def test_problem_set_answers_from_later_lessons_are_checked_not_waved_through():
+    p = P.variant("alice", "Problem 8.3")
+    tp, pp = P.model_answer("Problem 8.3", p)
+    assert P.grade_answer("Problem 8.3", p, [tp, pp])[0]
+    no_fraction = 16 * p["b"] * p["s"] * p["h"]  # forgot (t-1)/t
+    ok, why = P.grade_answer("Problem 8.3", p, [no_fraction, pp])
+    assert not ok and "answer 1" in why
+    d = P.variant("bob", "Napkin 5.2")
+    want = P.model_answer("Napkin 5.2", d)
+    assert P.grade_answer("Napkin 5.2", d, want + 1)[0] and not P.grade_answer("Napkin 5.2", d, want + max(2.5, 0.05 * want))[0]
+    assert not P.grade_answer("Napkin 5.2", d, "many")[0]
+    for prob in ("Problem 8.4", "Napkin 2.1", "Napkin 4.1", "Napkin 4.2", "Napkin 5.1"):
+        v = P.variant("carol", prob)
+        right = P.model_answer(prob, v)
+        wrong = [x * 1.1 for x in right] if isinstance(right, list) else right * 1.1
+        assert P.grade_answer(prob, v, right)[0] and not P.grade_answer(prob, v, wrong)[0], prob

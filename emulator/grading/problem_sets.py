@@ -1,4 +1,4 @@
-"""Per-student variants of the napkin problems and Problems 8.1 and 8.2, and their model answers.
+"""Per-student variants of the napkin problems and Problems 8.1 to 8.4, and their model answers.
 
 Each student gets the same problems with other numbers, drawn from their id (so a sheet
 can be made again and graded later without storing anything). The model answers are the
@@ -10,7 +10,7 @@ import hashlib
 
 import numpy as np
 
-from ..accounting import micro_batches_for_bubble, zero_bytes_per_gpu
+from ..accounting import activations, micro_batches_for_bubble, moe, zero_bytes_per_gpu
 from ..cost import busbw, collective_time, crossover_bytes
 from ..topology import Link, Topology
 
@@ -62,6 +62,44 @@ def napkin_3_1(rng):
             "max_m": _pick(rng, [64, 128, 256, 512])}
 
 
+def problem_8_3(rng):
+    return {"b": _pick(rng, [1, 2, 4, 8]), "s": _pick(rng, [2048, 4096, 8192]),
+            "h": _pick(rng, [4096, 5120, 8192, 12288]), "t": _pick(rng, [2, 4, 8])}
+
+
+def problem_8_4(rng):
+    h, a = _pick(rng, [(5120, 40), (8192, 64), (12288, 96)])
+    return {"h": h, "a": a, "L": _pick(rng, [40, 60, 80, 96]), "s": _pick(rng, [2048, 4096, 8192]),
+            "b": _pick(rng, [1, 2]), "t": _pick(rng, [4, 8])}
+
+
+def napkin_2_1(rng):
+    gpus_per_node = _pick(rng, [4, 8])
+    return {"b": _pick(rng, [1, 2, 4]), "s": _pick(rng, [2048, 4096, 8192]), "h": _pick(rng, [4096, 8192, 12288]),
+            "t": gpus_per_node * _pick(rng, [1, 2]), "gpus_per_node": gpus_per_node}
+
+
+def napkin_4_1(rng):
+    return {"s": _pick(rng, [65536, 131072, 262144]), "b": 1, "h": _pick(rng, [4096, 8192, 16384]),
+            "layers": _pick(rng, [32, 80, 126]), "c": _pick(rng, [4, 8, 16, 32])}
+
+
+def napkin_4_2(rng):
+    return {"flops": _pick(rng, [312e12, 989e12]), "beta": _pick(rng, [48e9, 250e9, 370e9]),
+            "dtype_bytes": _pick(rng, [2, 4])}
+
+
+def napkin_5_1(rng):
+    return {"tokens": _pick(rng, [1024, 2048, 4096, 8192]), "d_model": _pick(rng, [2048, 4096, 6144, 7168]),
+            "top_k": _pick(rng, [1, 2, 4, 8]), "ep": _pick(rng, [4, 8, 32, 64]), "dtype_bytes": 2}
+
+
+def napkin_5_2(rng):
+    return {"tokens": _pick(rng, [1024, 4096, 8192]), "top_k": _pick(rng, [1, 2, 8]),
+            "n_experts": _pick(rng, [4, 8, 64]), "capacity_factor": _pick(rng, [1.0, 1.25, 1.5, 2.0]),
+            "hot_share": _pick(rng, [0.1, 0.2, 0.3, 0.5])}
+
+
 PROBLEMS = {
     "Napkin 0.1": (napkin_0_1, "A model of {n_params:g} parameters keeps bf16 gradients. Data parallelism over "
                                "{n_gpus} GPUs, {gpus_per_node} per node (one 400G NIC per GPU), all-reduces them "
@@ -86,6 +124,33 @@ PROBLEMS = {
                                "micro-batch costs it {per_micro_batch:g} bytes; the global batch allows at most "
                                "{max_m} micro-batches. The most micro-batches GPipe can run and its bubble (idle share "
                                "of the step), then the same for 1F1B. Answer: [m, bubble, m, bubble]."),
+    "Problem 8.3": (problem_8_3, "A transformer layer of width {h} runs micro-batches of {b} sequences of {s} tokens in "
+                                 "bf16. Bytes each GPU sends per layer (forward and backward) with tensor parallelism "
+                                 "over {t} GPUs, and bytes of activations one pipeline boundary passes forward per "
+                                 "micro-batch? Answer: "
+                                 "[TP bytes, PP bytes]."),
+    "Problem 8.4": (problem_8_4, "A model of {L} layers, width {h}, {a} heads, trains on {s}-token sequences, micro-batch "
+                                 "{b}, tensor parallelism over {t} GPUs, selective recomputation, bf16 activations "
+                                 "(Korthikanti et al.'s accounting). Bytes of activations per layer per GPU and for all "
+                                 "layers, with sequence parallelism, then without. Answer: [layer SP, all SP, layer, "
+                                 "all]."),
+    "Napkin 2.1": (napkin_2_1, "Tensor parallelism over {t} GPUs, {gpus_per_node} per node (NVLink inside, one NIC per "
+                               "GPU, a channel per NIC), all-reduces the bf16 activations of {b} x {s} tokens of width "
+                               "{h}. Seconds per all-reduce, with lesson 00's ring model and link numbers?"),
+    "Napkin 4.1": (napkin_4_1, "A model of {layers} layers and width {h} keeps 34 s b h bytes of bf16 activations per "
+                               "layer for a whole sequence (scores never stored). A batch of {b} sequence(s) of {s} "
+                               "tokens runs with context parallelism over {c} GPUs. Bytes per GPU per layer and for all "
+                               "layers? Answer: [per layer, all layers]."),
+    "Napkin 4.2": (napkin_4_2, "A ring-attention step on n local positions computes 4 b n^2 h FLOPs and sends 2 b n h "
+                               "values of {dtype_bytes} bytes. At {flops:g} FLOP/s and {beta:g} bytes/s, from how many "
+                               "positions per rank does the compute take as long as the transfer?"),
+    "Napkin 5.1": (napkin_5_1, "An MoE layer routes each of {tokens} tokens on a GPU (width {d_model}, {dtype_bytes} "
+                               "bytes per value) to top-{top_k} experts spread evenly over {ep} GPUs. Bytes the GPU "
+                               "sends per layer in the forward dispatch and combine?"),
+    "Napkin 5.2": (napkin_5_2, "{tokens} tokens, top-{top_k}, {n_experts} experts, capacity factor {capacity_factor:g} "
+                               "(capacity ceil(c T k / E) per expert). One expert receives {hot_share:g} of all "
+                               "assignments and the others share the rest evenly. How many assignments are dropped? "
+                               "(within one assignment)"),
 }
 
 
@@ -113,6 +178,28 @@ def model_answer(problem, p):
         from .lesson03 import memory_vs_bubble
 
         return list(memory_vs_bubble(**p))
+    if problem == "Problem 8.3":
+        return [activations.tp_bytes_per_layer(**p, dtype_bytes=2), activations.pp_bytes_per_boundary(
+            p["b"], p["s"], p["h"], 2)]
+    if problem == "Problem 8.4":
+        per = [activations.activation_bytes_per_layer(p["s"], p["b"], p["h"], p["a"], p["t"], sp, "selective")
+               for sp in (True, False)]
+        return [per[0], p["L"] * per[0], per[1], p["L"] * per[1]]
+    if problem == "Napkin 2.1":
+        return collective_time("all_reduce", 2 * p["b"] * p["s"] * p["h"], p["t"],
+                               Topology(gpus_per_node=p["gpus_per_node"]))
+    if problem == "Napkin 4.1":
+        from .lesson04 import memory_128k
+
+        return list(memory_128k(**p))
+    if problem == "Napkin 4.2":
+        from .lesson04 import overlap_length
+
+        return overlap_length(**p)
+    if problem == "Napkin 5.1":
+        return moe.all_to_all_bytes_per_layer(**p)
+    if problem == "Napkin 5.2":
+        return moe.expected_drops(**p)
     parts = {z: zero_bytes_per_gpu(p["n_params"], p["dp_size"], z) for z in range(4)}
     answer = {str(z): [b.params / 1e9, b.grads / 1e9, b.optimizer / 1e9] for z, b in parts.items()}
     answer["fits"] = [z for z, b in parts.items() if b / 1e9 <= p["gpu_gb"]]
@@ -150,4 +237,10 @@ def grade_answer(problem, p, answer):
             return True, ""
         exact = isinstance(want[bad[0]], int)
         return False, f"answer {bad[0] + 1} is {'not the exact count' if exact else f'off by more than {TOLERANCE:.0%}'}"
+    if problem == "Napkin 5.2":  # a count that may be 0: one assignment of slack
+        try:
+            ok = abs(float(answer) - want) <= max(1.0, TOLERANCE * want)
+        except (TypeError, ValueError):
+            ok = False
+        return ok, "" if ok else f"{answer} is not {want:g} (within one assignment)"
     return (_close(answer, want), "" if _close(answer, want) else f"{answer} is off by more than {TOLERANCE:.0%}")
