@@ -45,11 +45,13 @@ def routing_explorer_model(n_experts=8, top_k=2, capacity_factor=1.25, skew=1.0,
     ax.bar(range(n_experts), kept, color="#4C72B0", label="computed")
     if cap is not None:
         ax.axhline(cap, color="black", ls="--", lw=1, label=f"capacity {cap}")
+    ax.set_xticks(range(n_experts))
     ax.set_xlabel("expert")
     ax.set_ylabel("assignments")
     ax.legend(fontsize=7, frameon=False)
     ax.set_title(f"{TOKENS} tokens, top-{top_k}", fontsize=8)
     bx.bar(range(ep_size), [b / 1e3 for b in stats.bytes_sent], color="#DD8452")
+    bx.set_xticks(range(ep_size))
     bx.set_xlabel("EP rank")
     bx.set_ylabel("kB sent (all-to-alls)")
     bx.set_title("per rank: bytes; time in the caption", fontsize=8)
@@ -70,7 +72,7 @@ class RoutingExplorer(W.VBox):
         self.n_experts = W.Dropdown(options=[4, 8, 16], value=n_experts, description="experts")
         self.top_k = W.IntSlider(value=top_k, min=1, max=4, description="top-k")
         self.cf = W.FloatSlider(value=capacity_factor or 0.0, min=0.0, max=3.0, step=0.25,
-                                description="capacity (0: none)")
+                                description="capacity (0: none)", style={"description_width": "initial"})
         self.skew = W.FloatSlider(value=skew, min=0.0, max=4.0, step=0.5, description="skew")
         self.ep = W.Dropdown(options=[1, 2, 4, 8], value=ep, description="EP size")
         self.summary = W.HTML()
