@@ -179,8 +179,7 @@ assert np.allclose(out[0], n * x)
 # with the number of GPUs. Move the sliders (the number in a cell counts how many ranks'
 # inputs it holds; arrows are this step's sends):
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from emulator.widgets import RingStepper
 
 RingStepper(n=4)

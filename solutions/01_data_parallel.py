@@ -98,8 +98,7 @@ for stage, name in enumerate(["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]):
 # Explore the formula: model size, number of GPUs, stage, optimizer bytes $K$. The dashed
 # line is one 80 GB GPU (and activations still need room on top).
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from emulator.widgets import ZeroExplorer
 
 ZeroExplorer(n_params=7.5e9, dp_size=64, zero_stage=0)

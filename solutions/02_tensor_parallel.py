@@ -426,8 +426,7 @@ grade.problem_8_4(problem_8_4)
 # parallelism, recomputation. For small configurations the widget also runs the block on
 # the emulator and draws the measured bytes beside the formula.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from emulator.widgets import ActivationExplorer
 
 ActivationExplorer(s=128, b=1, h=64, a=4, t=2, layers=12)

@@ -545,8 +545,7 @@ for r in range(4):
 # formula, and how many micro-batches each stage held at its peak. Try ZB-H1 with
 # F:B:W = 1:2:0 (nothing to defer), and interleaving with m = p.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from emulator.widgets import ScheduleExplorer
 
 ScheduleExplorer("zb_h1", p=4, m=8)

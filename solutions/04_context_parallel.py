@@ -246,8 +246,7 @@ for layout in cp.LAYOUTS:
 # (measured above: equal compute, an earlier finish). Step through it: which block each
 # rank holds, which score blocks it computes or skips, its work so far.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from emulator.widgets import RingAttentionStepper
 
 RingAttentionStepper(c=4, causal=True, layout="zigzag", step=1)

@@ -449,8 +449,7 @@ grade.napkin_drops(napkin_dropped)
 # tokens per expert against capacity, the dropped ones, and each rank's all-to-all bytes
 # and time, measured on the emulator.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from emulator.widgets import RoutingExplorer
 
 RoutingExplorer(n_experts=8, top_k=2, capacity_factor=1.25, skew=1.0, ep=4)
