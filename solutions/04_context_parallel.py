@@ -35,7 +35,8 @@ setup()
 # One layer keeps $sbh\,(34 + 5as/h)$ bytes for backward (lesson 02): the first term is
 # linear in the sequence length $s$, the second, the attention scores, quadratic. Lesson
 # 02's block keeps exactly these tensors; here its ledger as $s$ doubles, beside the
-# formula (a small layer: $h = 64$, 8 heads, bf16):
+# formula (a small layer: $h = 64$, 8 heads, bf16). *Predict first*: from $s = 64$ to
+# $s = 512$, eight times the tokens, how many times the bytes?
 
 # %%
 h, a, b = 64, 8, 1
@@ -54,7 +55,8 @@ for s in (64, 128, 256, 512):
     print(f"{s:>5d} {measured:>10,d} {activation_bytes_per_layer(s, b, h, a):>10,.0f} {5 * a * s * s * b:>16,d}")
 
 # %% [markdown]
-# Each doubling of $s$ multiplies the bytes by nearly four once the scores dominate. For a
+# Each doubling of $s$ multiplies the bytes by nearly four once the scores dominate
+# (38x for eight times the tokens here). For a
 # real layer ($h = 8192$, 64 heads) at 128k tokens, one sequence:
 
 # %%
@@ -225,8 +227,9 @@ grade.napkin_overlap(napkin_ring_overlap)
 #
 # With a causal mask, query $i$ sees keys $j \le i$ only. A block whose keys all come
 # after all its queries is skipped. With contiguous shards, rank 0 (the first positions)
-# skips every block but its own, while rank $c-1$ needs them all: the last rank does $c$
-# times the work of the first, and every step waits for it. Measured:
+# skips every block but its own, while rank $c-1$ needs them all. *Predict first*: with
+# $c = 4$ contiguous shards, how much compute does each rank do, relative to rank 0, and
+# when is the step done? Then run it (both layouts):
 
 # %%
 c = 4
@@ -241,6 +244,9 @@ for layout in cp.LAYOUTS:
           f"{tl.makespan * 1e6:.0f} us")
 
 # %% [markdown]
+# Contiguous: rank $r$ computes $r + 1$ blocks, so the last rank does $c$ times the work
+# of the first, and the step ends when it does; the others wait.
+#
 # **Zigzag**: cut the sequence into $2c$ chunks and give rank $i$ chunks $i$ and
 # $2c-1-i$, one early and one late. Every rank now computes the same $2c+1$ half-blocks
 # (measured above: equal compute, an earlier finish). Step through it: which block each
@@ -350,8 +356,9 @@ grade.check_ring_backward(ring_backward)
 #
 # **Ulysses** (DeepSpeed): an all-to-all turns (my positions, every head) into (every
 # position, my heads); each rank runs plain attention on $h/c$ heads; an all-to-all turns
-# the result back. It cannot use more ranks than there are heads. Side by side on 8 ranks,
-# 8 heads, 1024 positions:
+# the result back. It cannot use more ranks than there are heads. *Predict first*: which
+# of the three sends the fewest bytes per rank, and which holds the most extra memory?
+# Side by side on 8 ranks, 8 heads, 1024 positions:
 
 # %%
 c, heads, s, d = 8, 8, 1024, 16
@@ -377,8 +384,9 @@ print(f"one rank's K/V shard: {2 * seq[1].nbytes // c:,d} bytes")
 # ## 7. Numerics
 #
 # The online softmax rescales its running sums at every block. In fp32 that costs
-# nothing measurable; kept in bf16, each rescale rounds again. Error against fp64 full
-# attention as the ring grows (1 to 16 ranks, 512 positions):
+# nothing measurable; kept in bf16, each rescale rounds again. *Predict first*: as the
+# ring grows from 1 to 16 ranks, does the bf16 error stay put, grow slowly or blow up?
+# Error against fp64 full attention (512 positions):
 
 # %%
 seq = rng.standard_normal((3, 1, 4, 512, 32)).astype(np.float32)

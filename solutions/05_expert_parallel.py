@@ -241,7 +241,9 @@ grade.check_capacity(keep_within_capacity)
 
 # %% [markdown]
 # A skewed router: 1024 tokens, 8 experts, top-2, at capacity factors 1 and 1.25, and
-# dropless (the dropped assignments counted by `nn.MoE`):
+# dropless (the dropped assignments counted by `nn.MoE`). *Predict first*: does raising
+# the capacity factor from 1 to 1.25 save the favourite expert's overflow, or mostly the
+# others'?
 
 # %%
 skewed = nn.MoE(16, 32, 8, 2, dtype=np.float64)
@@ -264,12 +266,15 @@ ax.legend(frameon=False, fontsize=8)
 plt.show()
 
 # %% [markdown]
-# Dropless keeps all 2048 assignments but expert 0's buffer is several times the average;
-# capacity caps every buffer and drops what overflows. A **load-balancing loss** (Switch
+# Dropless keeps all 2048 assignments, but expert 0's buffer is twice the average (527
+# against 256) and two others overflow too. Capacity caps every buffer: at 1.25 each of
+# the three overflowing experts keeps 64 more than at 1.0, yet expert 0 still drops 207 of
+# its 527. A larger buffer does not fix a skewed router. A **load-balancing loss** (Switch
 # Transformer) pushes the router towards even use: $E\sum_e f_e P_e$, with $f_e$ the share
 # of assignments expert $e$ received and $P_e$ its mean router probability (1 when
 # perfectly balanced). `nn.MoE(aux_loss_coef=...)` adds its gradient to the router's.
-# Training only the router on that loss for a few steps:
+# Training only the router on that loss for a few steps (*predict*: can the loss reach 1,
+# and does the busiest expert's share fall as fast as the loss?):
 
 # %%
 trained = dict(sp)
@@ -290,11 +295,17 @@ plt.show()
 print(f"busiest expert / mean: {history[0][1]:.2f} -> {history[-1][1]:.2f}")
 
 # %% [markdown]
+# The loss first rises (a large step overshoots), then settles at 1 within about 15 steps.
+# The busiest expert falls from twice the mean to a few percent above it and jitters
+# there: the loss measures how the router's probabilities line up with the counts on
+# average, and top-k's hard choices keep a little imbalance it cannot see.
+#
 # ## 4. Imbalance is time
 #
 # With experts split over ranks, the busiest expert's rank computes longest, and every
 # other rank waits for it in the combine. The same skewed router on 4 ranks (compute
-# charged at a slow 100 GFLOP/s, so the experts' time is visible):
+# charged at a slow 100 GFLOP/s, so the experts' time is visible). *Predict first*: which
+# rank finishes last, and what do the others do meanwhile?
 
 # %%
 def skewed_layer(comm):
@@ -311,6 +322,10 @@ for r, c in enumerate(caches):
           f"{world.timeline().total('compute', r) * 1e6:.0f} us of {world.timeline().makespan * 1e6:.0f}")
 
 # %% [markdown]
+# Rank 0, holding the favourite expert, computes four times as many rows as rank 3; rank
+# 3 then sits idle (grey) until rank 0 is ready for the combine's all-to-all. The layer runs
+# at the pace of the busiest rank, whatever the others hold.
+#
 # ## 5. The all-to-all is latency-bound, and crosses nodes
 #
 # An all-to-all sends a message to every other rank: across two nodes of 8, each GPU sends
@@ -318,7 +333,8 @@ for r, c in enumerate(caches):
 # Hybrid-EP) dispatch in two hops instead: inside the node over NVLink, everything bound for
 # GPU $m$ of any node goes to local GPU $m$ first; then one message per remote node between
 # GPUs of the same index (the same rail). Bytes are the same, messages per NIC divide by 8.
-# Measured for small and large messages, inside one node and across two:
+# *Predict first*: does the second hop's extra copy make the two-hop version lose for
+# large messages? Measured for small and large messages, inside one node and across two:
 
 # %%
 topo = Topology(gpus_per_node=8)
