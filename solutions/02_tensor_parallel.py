@@ -319,7 +319,8 @@ grade.napkin_tp_across_nodes(napkin_tp_across_nodes)
 # second the attention scores, quadratic in $s$. `TensorParallelBlock` keeps exactly those
 # tensors (bf16, dropout masks of one byte), under the names of the formula's terms, so
 # the ledger can be read beside the formula line by line. Here on 4 ranks, with tensor
-# parallelism alone:
+# parallelism alone. *Predict first*: which of the tensors shrink by 4, and which does
+# every rank keep whole?
 
 # %%
 sm, bm, hm, am = 64, 2, 64, 8  # small enough to run, large enough for every term
@@ -472,7 +473,8 @@ grade.check_sequence_regions(all_gather_seq, reduce_scatter_seq)
 # sequence slice. Without an all-reduce of those gradients the ranks update their
 # "replicated" copies differently, and the replicas drift apart. Watch it happen: here
 # the block is trained for a few SGD steps with that all-reduce left out, and the first
-# norm's weights compared across the four ranks.
+# norm's weights compared across the four ranks. *Predict first*: is the gap between the
+# ranks' copies a rounding error, or as large as the update itself?
 
 # %%
 class ForgetfulBlock(TensorParallelBlock):
