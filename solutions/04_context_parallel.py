@@ -234,7 +234,8 @@ grade.napkin_overlap(napkin_ring_overlap)
 # %%
 c = 4
 seq = rng.standard_normal((3, 1, 4, 64 * c, 16))
-for layout in cp.LAYOUTS:
+fig, axes = plt.subplots(1, 2, figsize=(11, 2.6))
+for layout, ax in zip(cp.LAYOUTS, axes):
     shards = [cp.split_sequence(x, c, layout) for x in seq]
     world = World(c, topology=Topology(flops=1e10))
     world.run(lambda comm: cp.ring_attention(comm, *(x[comm.rank] for x in shards), causal=True, layout=layout))
@@ -242,6 +243,10 @@ for layout in cp.LAYOUTS:
     work = [tl.total("compute", r) * 1e6 for r in range(c)]
     print(f"{layout:10s}: compute per rank {', '.join(f'{w:.0f}' for w in work)} us; step done at "
           f"{tl.makespan * 1e6:.0f} us")
+    viz.gantt(tl, ax=ax, title=f"causal ring attention, {layout}", streams=(), label_events=False)
+for ax in axes:  # one time axis for both
+    ax.set_xlim(0, max(a.get_xlim()[1] for a in axes))
+plt.show()
 
 # %% [markdown]
 # Contiguous: rank $r$ computes $r + 1$ blocks, so the last rank does $c$ times the work
