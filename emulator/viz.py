@@ -63,6 +63,8 @@ def gantt(timeline, ax=None, title=None, unit="ms", label_events=True, figsize=N
     kinds = {k: COLORS[k] for k in ("compute", "comm", "idle")}
     if colors:
         kinds = {**{k: c for k, c in colors.items()}, "comm": COLORS["comm"], "idle": COLORS["idle"]}
+    if all(stream == "compute" for _, stream in lanes):  # no communication lane drawn
+        kinds.pop("comm")
     handles = [Patch(color=c, label=k) for k, c in kinds.items()]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     if title:
