@@ -68,6 +68,8 @@ def test_problem_sets_are_per_student_reproducible_and_graded(tmp_path):
     sheets = problem_set.make(["alice", "bob"], tmp_path / "sheets")
     assert [p.name for p in sheets] == ["alice.md", "bob.md"]
     assert sheets[0].read_text() != sheets[1].read_text()
+    template = sheets[0].read_text().split("```json\n")[1].split("```")[0]
+    assert json.loads(template) == {prob: None for prob in P.PROBLEMS}  # the keys grade() looks for
     assert P.variant("alice", "Problem 8.1") == P.variant("alice", "Problem 8.1")
     answers = tmp_path / "answers"
     answers.mkdir()

@@ -27,6 +27,9 @@ def make(students, out):
                  f"Answer in `{student}.json`, a JSON object with one entry per problem (its title as the key).", ""]
         for problem in P.PROBLEMS:
             lines += [f"## {problem}", "", P.statement(student, problem), ""]
+        template = json.dumps({problem: None for problem in P.PROBLEMS}, indent=1)
+        lines += ["## Your answer file", "", f"Copy this into `{student}.json` and replace each null:", "",
+                  "```json", template, "```", ""]
         (out / f"{student}.md").write_text("\n".join(lines))
     return [out / f"{s}.md" for s in students]
 

@@ -153,6 +153,11 @@ PROBLEMS = {
                                "(within one assignment)"),
 }
 
+# In the order the lessons pose them (Problem 8.1 in lesson 01, 8.3 and 8.4 in 02, 8.2 in 03).
+PROBLEMS = {k: PROBLEMS[k] for k in ("Napkin 0.1", "Napkin 0.2", "Napkin 0.3", "Problem 8.1", "Problem 8.3",
+                                     "Napkin 2.1", "Problem 8.4", "Problem 8.2", "Napkin 3.1", "Napkin 4.2",
+                                     "Napkin 4.1", "Napkin 5.1", "Napkin 5.2")}
+
 
 def variant(student, problem):
     """The numbers of ``problem`` for ``student``."""
