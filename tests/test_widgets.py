@@ -121,5 +121,7 @@ def test_routing_explorer_model_and_widget():
     w.skew.value = 4.0
     assert w.summary.value != before and w.image.value != image and "276 of 1024" in w.summary.value
     w.n_experts.value = 4
+    last, image = w.state, w.image.value
     w.ep.value = 8  # 4 experts over 8 ranks: said in the widget, not raised
     assert "do not split over EP 8" in w.summary.value
+    assert w.state is last and w.image.value == image  # the last accepted picture stays

@@ -11,7 +11,7 @@ from ml_dtypes import bfloat16
 from .. import World, nn
 from ..accounting import activation_terms
 from ..parallel.tp_block import TensorParallelBlock, cached_terms
-from .common import new_axes, show_figure
+from .common import new_axes, show_model
 
 RECOMPUTE = ("none", "selective", "full")
 MEASURE_LIMIT = 2**22  # s*b*h above which the measured bar is not drawn (the emulator would take long)
@@ -72,6 +72,8 @@ class ActivationExplorer(W.VBox):
     """Controls: sequence, micro-batch, hidden, heads, tensor-parallel size, layers,
     sequence parallelism, recomputation."""
 
+    state = None  # the model's last accepted state
+
     def __init__(self, s=2048, b=1, h=4096, a=32, t=1, layers=32, sp=False, recompute="none"):
         self.s = W.SelectionSlider(options=[128, 256, 512, 1024, 2048, 4096, 8192, 16384], value=s, description="s")
         self.b = W.SelectionSlider(options=[1, 2, 4, 8], value=b, description="b")
@@ -91,12 +93,6 @@ class ActivationExplorer(W.VBox):
         self._redraw()
 
     def _redraw(self, change=None):
-        try:
-            self.state = activation_explorer_model(self.s.value, self.b.value, self.h.value, self.a.value,
-                                                   self.t.value, self.layers.value, self.sp.value,
-                                                   self.recompute.value)
-        except ValueError as exc:  # heads not divisible, ...: say so in the widget
-            self.summary.value = f"<p class='activation-summary'>{exc}</p>"
-            return
-        self.summary.value = f"<p class='activation-summary'>{self.state['text']}</p>"
-        show_figure(self.image, self.state["figure"])
+        self.state = show_model(self.summary, self.image, "activation-summary", activation_explorer_model,
+                                self.s.value, self.b.value, self.h.value, self.a.value, self.t.value,
+                                self.layers.value, self.sp.value, self.recompute.value) or self.state

@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from .. import World, nn
 from ..nn.moe import capacity, keep_first, route
 from ..parallel import expert_parallel as ep
-from .common import show_figure
+from .common import show_model
 
 TOKENS, D = 512, 16
 
@@ -68,6 +68,8 @@ def routing_explorer_model(n_experts=8, top_k=2, capacity_factor=1.25, skew=1.0,
 class RoutingExplorer(W.VBox):
     """Controls: experts, top-k, capacity factor (0: dropless), router skew, EP size."""
 
+    state = None  # the model's last accepted state
+
     def __init__(self, n_experts=8, top_k=2, capacity_factor=1.25, skew=1.0, ep=4):
         self.n_experts = W.Dropdown(options=[4, 8, 16], value=n_experts, description="experts")
         self.top_k = W.IntSlider(value=top_k, min=1, max=4, description="top-k")
@@ -84,11 +86,6 @@ class RoutingExplorer(W.VBox):
         self._redraw()
 
     def _redraw(self, change=None):
-        try:
-            self.state = routing_explorer_model(self.n_experts.value, self.top_k.value, round(self.cf.value, 6) or None,
-                                                self.skew.value, self.ep.value)
-        except ValueError as exc:  # an EP size that does not divide the experts: said in the widget
-            self.summary.value = f"<p class='routing-summary'>{exc}</p>"
-            return
-        self.summary.value = f"<p class='routing-summary'>{self.state['text']}</p>"
-        show_figure(self.image, self.state["figure"])
+        self.state = show_model(self.summary, self.image, "routing-summary", routing_explorer_model,
+                                self.n_experts.value, self.top_k.value, round(self.cf.value, 6) or None,
+                                self.skew.value, self.ep.value) or self.state

@@ -12,7 +12,7 @@ from ..accounting import pipeline_bubble
 from ..parallel import pipeline as pp
 from ..schedule_viz import ACTION_COLORS
 from ..viz import gantt
-from .common import new_axes, show_figure
+from .common import new_axes, show_model
 
 RATIOS = {"1:1:1 (matmuls)": (1, 1, 1), "1:2:0 (backward whole)": (1, 2, 0), "1:1.5:0.5": (1, 1.5, 0.5),
           "2:1:1": (2, 1, 1)}
@@ -57,6 +57,8 @@ def schedule_explorer_model(schedule="1f1b", p=4, m=8, v=1, ratio=(1, 1, 1)):
 class ScheduleExplorer(W.VBox):
     """Controls: schedule, p, m, v, F:B:W ratio."""
 
+    state = None  # the model's last accepted state
+
     def __init__(self, schedule="1f1b", p=4, m=8, v=1, ratio="1:1:1 (matmuls)"):
         self.schedule = W.Dropdown(options=pp.NAMES, value=schedule, description="schedule")
         self.p = W.IntSlider(value=p, min=1, max=8, description="p (stages)")
@@ -72,11 +74,6 @@ class ScheduleExplorer(W.VBox):
         self._redraw()
 
     def _redraw(self, change=None):
-        try:
-            self.state = schedule_explorer_model(self.schedule.value, self.p.value, self.m.value, self.v.value,
-                                                 RATIOS[self.ratio.value])
-        except ValueError as exc:  # interleaving with v = 1, m not a multiple of p, ...: say so
-            self.summary.value = f"<p class='schedule-summary'>{exc}</p>"
-            return
-        self.summary.value = f"<p class='schedule-summary'>{self.state['text']}</p>"
-        show_figure(self.image, self.state["figure"])
+        self.state = show_model(self.summary, self.image, "schedule-summary", schedule_explorer_model,
+                                self.schedule.value, self.p.value, self.m.value, self.v.value,
+                                RATIOS[self.ratio.value]) or self.state
