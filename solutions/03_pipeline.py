@@ -16,6 +16,8 @@
 # a napkin on memory against bubble.
 
 # %%
+import inspect
+
 import numpy as np
 import matplotlib.pyplot as plt
 
@@ -318,29 +320,15 @@ grade.check_stage_loop(stage_loop)
 # ## 5. Order matters
 #
 # A pipeline is a chain of ranks waiting on each other, so the order of sends and
-# receives decides whether it runs at all. Take the loop above and make each send
-# blocking (`comm.send` right after computing, `comm.recv` before). Under 1F1B, which rank
-# will stop first, and on what? Predict, then provoke it:
+# receives decides whether it runs at all. `pp.blocking_loop` is the loop above with
+# every transfer blocking (`comm.recv` before computing, `comm.send` right after). Under
+# 1F1B, which rank will stop first, and on what? Predict, then provoke it:
 
 # %%
-def blocking_loop(comm, stage, actions, micro_x, micro_y):
-    for a in actions:
-        src = stage.source(a)
-        inbound = comm.recv(src[0]) if src else None
-        if a.kind == "F":
-            out = stage.forward(a, micro_x[a.microbatch] if stage.is_first(a.chunk) else inbound,
-                                micro_y[a.microbatch])
-        else:
-            out = stage.backward(a, inbound, scale=1 / len(micro_x))
-            stage.free(a)
-        dst = stage.destination(a)
-        if dst:
-            comm.send(out, dst[0])  # waits until the neighbour posts its receive
-    return stage.losses
-
+print(inspect.getsource(pp.blocking_loop))
 
 try:
-    run("1f1b", 4, 8, loop=blocking_loop)
+    run("1f1b", 4, 8, loop=pp.blocking_loop)
 except DeadlockError as err:
     print(err)
 

@@ -8,7 +8,7 @@ from emulator.grading import CheckFailed
 from emulator.grading import lesson03 as g
 from emulator.parallel import pipeline as pp
 from emulator.parallel.pipeline import Action
-from tests.pipeline_loops import blocking_loop
+from emulator.parallel.pipeline import blocking_loop
 
 
 # ----------------------------------------------------------------- Exercise 3.1

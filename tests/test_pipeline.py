@@ -11,7 +11,7 @@ from emulator.accounting import pp_bytes_per_boundary
 from emulator.accounting.pipeline import micro_batches_for_bubble, peak_in_flight, pipeline_bubble
 from emulator.parallel import pipeline as pp
 from emulator.training import synthetic_batches, train_single
-from tests.pipeline_loops import blocking_loop
+from emulator.parallel.pipeline import blocking_loop
 
 FREE = Topology.free_network()
 COSTS = (1e-3, 1e-3, 1e-3)

@@ -75,6 +75,25 @@ def run_actions(comm, stage, actions, micro_x, micro_y):
     return stage.losses
 
 
+def blocking_loop(comm, stage, actions, micro_x, micro_y):
+    """The naive loop lesson 03 provokes a deadlock with: a blocking ``recv`` before each
+    action and a blocking ``send`` right after it. Right for GPipe; under 1F1B two
+    neighbours send to each other at once and neither ever receives (as on NCCL)."""
+    for a in actions:
+        src = stage.source(a)
+        inbound = comm.recv(src[0]) if src else None
+        if a.kind == "F":
+            out = stage.forward(a, micro_x[a.microbatch] if stage.is_first(a.chunk) else inbound,
+                                micro_y[a.microbatch])
+        else:
+            out = stage.backward(a, inbound, scale=1 / len(micro_x))
+            stage.free(a)
+        dst = stage.destination(a)
+        if dst:
+            comm.send(out, dst[0])  # waits until the neighbour posts its receive
+    return stage.losses
+
+
 @dataclass
 class PipelineRun:
     """One step of a schedule on the emulator: the world (its timeline, trace, ledgers),
