@@ -165,3 +165,42 @@ def test_expert_parallel_misuse_fails_fast():
     with pytest.raises(ConfigError, match="shard_experts"):
         World(2).run(lambda comm: ep.forward(comm, moe, p, np.zeros((3, 8))))
     assert time.perf_counter() - t0 < 1
+
+
+def test_capacity_ignores_float_noise_in_the_factor():
+    from emulator.nn.moe import capacity
+
+    # a slider sends 1.2500000000000002 for 1.25: still 320 = ceil(1.25 * 1024 * 2 / 8), not 321
+    assert capacity(1024, 2, 8, 1.25) == capacity(1024, 2, 8, 1.2500000000000002) == 320
+    assert capacity(1024, 2, 8, 1.26) == 323 and capacity(1024, 2, 8, None) is None
+
+
+@pytest.mark.parametrize("t", [1, 2, 4])
+@pytest.mark.parametrize("cf", [None, 1.0])
+def test_tensor_parallel_experts_equal_one_device(t, cf):
+    from emulator.parallel.moe_alternatives import shard_experts_tp, tp_moe_forward
+
+    moe, p = layer(8, 2, cf)
+    x = np.random.default_rng(4).standard_normal((24, 8))
+    want, _ = moe.forward(p, x)
+    world = World(t)
+    out = world.run(lambda comm: tp_moe_forward(comm, moe, shard_experts_tp(p, t, comm.rank), x))
+    assert all(np.allclose(o, want, atol=1e-12) for o in out)
+    assert [c.op for c in world.calls[0]] == ["all_reduce"]  # one dense all-reduce
+    with pytest.raises(ConfigError, match="d_ff 16 does not split over 3"):
+        shard_experts_tp(p, 3, 0)
+
+
+@pytest.mark.parametrize("nodes, per_node", [(2, 4), (3, 2), (1, 4)])
+def test_two_hop_all_to_all_equals_the_flat_one(nodes, per_node):
+    from emulator.parallel.moe_alternatives import hierarchical_all_to_all
+
+    n = nodes * per_node
+    chunks = [[np.full(3, 100.0 * src + dst) for dst in range(n)] for src in range(n)]
+    flat = World(n).run(lambda comm: comm.all_to_all(chunks[comm.rank]))
+    two = World(n).run(lambda comm: hierarchical_all_to_all(comm, chunks[comm.rank], per_node))
+    for r in range(n):
+        assert [c.tolist() for c in two[r]] == [c.tolist() for c in flat[r]]
+        assert [c[0] for c in two[r]] == [100.0 * src + r for src in range(n)]
+    with pytest.raises(Exception, match="not whole nodes"):
+        World(3).run(lambda comm: hierarchical_all_to_all(comm, chunks[0][:3], 2))

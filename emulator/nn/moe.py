@@ -198,10 +198,11 @@ class MoE(Module):
 
     def active_parameters(self):
         """Parameters one token uses: the router and top_k experts."""
-        per_expert = 2 * self.d_model * self.d_ff + self.d_ff + self.d_model
-        return self.d_model * self.n_experts + self.top_k * per_expert
+        return self._parameters(self.top_k)
 
     def parameters(self):
         """Every parameter: the router and all the experts."""
-        per_expert = 2 * self.d_model * self.d_ff + self.d_ff + self.d_model
-        return self.d_model * self.n_experts + self.n_experts * per_expert
+        return self._parameters(self.n_experts)
+
+    def _parameters(self, experts):
+        return self.d_model * self.n_experts + experts * (2 * self.d_model * self.d_ff + self.d_ff + self.d_model)

@@ -15,7 +15,6 @@
 import numpy as np
 
 from ..errors import ConfigError
-from ..nn.moe import capacity, experts_forward, keep_first, permutation, route
 
 
 def shard_experts_tp(params, size, rank):
@@ -31,17 +30,13 @@ def shard_experts_tp(params, size, rank):
 
 
 def tp_moe_forward(comm, moe, params, x):
-    """The MoE layer's output for the (replicated) tokens ``x``, experts split t ways."""
-    x2 = np.asarray(x).reshape(-1, moe.d_model)
-    idx, weights, _ = route(params["router.w"], x2, moe.top_k)
-    e_ids, tokens = idx.ravel(), np.repeat(np.arange(len(x2)), moe.top_k)
-    order = permutation(e_ids, keep_first(e_ids, moe.n_experts,
-                                          capacity(len(x2), moe.top_k, moe.n_experts, moe.capacity_factor)))
-    ys, _ = experts_forward(params, x2[tokens[order]], np.bincount(e_ids[order], minlength=moe.n_experts))
-    comm.compute(flops=4 * len(order) * moe.d_model * params["experts.fc1.w"].shape[2], name="experts (slices)")
-    y = np.zeros_like(x2)
-    np.add.at(y, tokens[order], weights.ravel()[order, None] * ys)
-    return comm.all_reduce(y).reshape(np.shape(x))
+    """The MoE layer's output for the (replicated) tokens ``x``, experts split t ways: the
+    whole layer on this rank's slices gives this rank's partial sum (GELU is elementwise, so
+    a slice of fc1's columns feeds the same slice of fc2's rows), and one all-reduce adds them."""
+    y, cache = moe.forward(params, x)
+    comm.compute(flops=4 * int(cache["counts"].sum()) * moe.d_model * params["experts.fc1.w"].shape[2],
+                 name="experts (slices)")
+    return comm.all_reduce(y)
 
 
 def hierarchical_all_to_all(comm, chunks, gpus_per_node):

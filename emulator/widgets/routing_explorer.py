@@ -87,5 +87,5 @@ class RoutingExplorer(W.VBox):
 
     def _redraw(self, change=None):
         self.state = show_model(self.summary, self.image, "routing-summary", routing_explorer_model,
-                                self.n_experts.value, self.top_k.value, round(self.cf.value, 6) or None,
+                                self.n_experts.value, self.top_k.value, self.cf.value or None,
                                 self.skew.value, self.ep.value) or self.state
