@@ -22,6 +22,7 @@ from ml_dtypes import bfloat16
 from emulator import P2POp, Topology, World, nn, viz
 from emulator.accounting import activation_bytes_per_layer
 from emulator.memory import MemoryLedger
+from emulator.mesh import Mesh
 from emulator.parallel import context_parallel as cp
 from emulator.parallel.tp_block import TensorParallelBlock, cached_terms
 from emulator.grading import lesson04 as grade
@@ -427,7 +428,21 @@ plt.show()
 # that backward, point to point around its ring, hidden behind attention's compute when
 # shards are long. It pays off when sequences are long, which is why it appears in the
 # long-context stage of training: Llama 3 405B trained with CP 1 at 8k tokens and raised
-# it to 16 (with DP down to 8) to extend the context to 128k.
+# it to 16 (with DP down to 8) to extend the context to 128k. Its two meshes (TP 8, PP
+# 16 in both):
+
+# %%
+for stage, shape, seq_len in (("pretraining, 8k tokens", {"dp": 128, "pp": 16, "cp": 1, "tp": 8}, 8192),
+                              ("long context, 128k tokens", {"dp": 8, "pp": 16, "cp": 16, "tp": 8}, 131072)):
+    mesh = Mesh(shape)
+    ring = mesh.group_ranks(("cp",), 0)
+    print(f"{stage:26s}: {mesh.size:,d} GPUs, {seq_len // shape['cp']:,d} positions of each sequence per GPU, "
+          f"rank 0's cp ring spans {len({mesh.node_of(r) for r in ring})} node(s)")
+
+# %% [markdown]
+# The same GPUs and the same slice of a sequence per GPU: the sixteen times longer
+# sequence is paid for with sixteen times fewer data-parallel replicas, and the ring
+# leaves the node (the tp axis fills it), so its K/V blocks cross the NICs.
 #
 # **Napkin 4.1** — a model of width `h` with `layers` layers trains on one sequence
 # (`b`) of `s` tokens with context parallelism over `c` GPUs. Attention never stores its
