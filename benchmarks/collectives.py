@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from emulator import World
-from emulator import collectives as C
+from emulator.algorithms import global_view as C
 
 
 def best_of(fn, repeat, number=1):

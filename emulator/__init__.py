@@ -4,22 +4,22 @@
 NumPy data, every message recorded, every byte held counted, and simulated time.
 """
 
-from . import collectives
-from .calls import Call
-from .comm import Comm
+from .algorithms import global_view as collectives
+from .records.calls import Call
+from .engine.comm import Comm
 from .errors import (CollectiveMismatchError, ConfigError, DeadlockError, EmulatorError, GroupError,
                      MemoryLedgerError, MeshError, PeerError, RankError, ShapeError)
-from .memory import KINDS as MEMORY_KINDS
-from .memory import MemoryLedger
+from .records.memory import KINDS as MEMORY_KINDS
+from .records.memory import MemoryLedger
 from .mesh import Mesh
-from .messages import REDUCE_OPS, ReduceOp
-from .p2p import P2POp
-from .rendezvous import Handle
-from .table import Table, human_bytes
-from .timeline import Event, Timeline
-from .topology import INFINIBAND_NDR, NVLINK_H100, Link, Topology
-from .trace import Stats, TraceRecord
-from .world import World
+from .algorithms.steps import REDUCE_OPS, ReduceOp
+from .engine.p2p import P2POp
+from .engine.rendezvous import Handle
+from .records.table import Table, human_bytes
+from .records.timeline import Event, Timeline
+from .machine.topology import INFINIBAND_NDR, NVLINK_H100, Link, Topology
+from .records.trace import Stats, TraceRecord
+from .engine.world import World
 
 __all__ = [
     "World", "Comm", "Handle", "P2POp", "Mesh", "Topology", "Link", "NVLINK_H100", "INFINIBAND_NDR",
@@ -34,6 +34,6 @@ def __getattr__(name):
     # Heavier parts load on first use: `from emulator import nn`, `emulator.viz`, ...
     import importlib
 
-    if name in ("nn", "viz", "accounting", "widgets", "parallel", "training", "sharding", "cost"):
+    if name in ("nn", "viz", "accounting", "widgets", "parallel", "training", "cost", "planner", "grading"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'emulator' has no attribute {name!r}")

@@ -17,7 +17,7 @@ the textbook 2(n-1) alpha + 2(n-1)/n S/beta for all_reduce. Across nodes each ch
 leaves a node through a different GPU's NIC (:meth:`Topology.rings`), so with c >= GPUs
 per node the NICs share the crossing pieces and the bus bandwidth is about their sum.
 
-**Tree** (binomial, unpipelined; see :mod:`emulator.tree`): all_reduce is ceil(log2 n)
+**Tree** (binomial, unpipelined; see :mod:`emulator.algorithms.tree`): all_reduce is ceil(log2 n)
 levels up and as many down, each moving the whole buffer: T = sum over levels of
 (alpha + S / beta) on the slowest link of that level.
 
@@ -31,7 +31,7 @@ import math
 import numpy as np
 
 from .errors import ConfigError
-from .links import ports_of
+from .machine.links import ports_of
 
 BUS_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -126,9 +126,9 @@ def busbw(op, nbytes, n, seconds):
 
 def calibration_table(topology=None, nbytes=2**30):
     """The model's all_reduce bus bandwidth beside the published nccl-tests figures
-    (:data:`emulator.topology.PUBLISHED_ALL_REDUCE_BUSBW`), one row each."""
-    from .table import Table
-    from .topology import PUBLISHED_ALL_REDUCE_BUSBW, Topology
+    (:data:`emulator.machine.topology.PUBLISHED_ALL_REDUCE_BUSBW`), one row each."""
+    from .records.table import Table
+    from .machine.topology import PUBLISHED_ALL_REDUCE_BUSBW, Topology
 
     topology = topology or Topology.h100()
     rows = []

@@ -11,7 +11,7 @@ channels). Then it runs the ring all-reduce of Exercise 0.4, built from point-to
 calls posted together with ``batch_isend_irecv`` (a send-then-recv ring can hang on NCCL,
 NVIDIA/nccl#479: a send waits for its receiver), checks it against ``dist.all_reduce``,
 and writes its calls to ``--out``/00_collectives.calls.json, the format of
-``emulator.calls``: a test checks they are the calls ``emulator.p2p_ring`` makes. Exits
+``emulator.records.calls``: a test checks they are the calls ``emulator.algorithms.p2p_ring`` makes. Exits
 non-zero with a message naming the rank if any result is wrong.
 
 Examples:
@@ -28,7 +28,7 @@ from common import base_parser, fail, finish, init, say, timed
 from trace import Recorder
 
 from emulator.cost import busbw, collective_time
-from emulator.topology import Topology
+from emulator.machine.topology import Topology
 
 
 def parse():
@@ -45,7 +45,7 @@ def parse():
 
 
 def ring_all_reduce(x, rank, n, rec):
-    """The ring of Exercise 0.4 (``emulator.p2p_ring``) with torch point-to-point:
+    """The ring of Exercise 0.4 (``emulator.algorithms.p2p_ring``) with torch point-to-point:
     reduce-scatter, then all-gather; each step's send and receive posted together."""
     chunks = list(x.clone().chunk(n))
     right, left = (rank + 1) % n, (rank - 1) % n

@@ -14,7 +14,7 @@ the hand-written ones it prints, per rank, the bytes held (parameters, gradients
 optimizer state, from the same ledger the emulator keeps) and sent per step (ring
 algorithms, from the sizes of the collectives called), beside the emulator running the
 same program in the same dtype, and writes each variant's calls to
-``--out``/01_data_parallel.zero<stage>.calls.json (the format of ``emulator.calls``); a
+``--out``/01_data_parallel.zero<stage>.calls.json (the format of ``emulator.records.calls``); a
 test checks they are the emulator's calls. On GPUs it also prints
 ``torch.cuda.max_memory_allocated``: everything the caching allocator handed out,
 activations, temporaries and the reference runs' tensors included, so it exceeds the
@@ -34,10 +34,10 @@ from torch_parallel.data_parallel import VARIANTS, Setup
 from trace import Recorder
 
 from emulator import World, nn
-from emulator.memory import MemoryLedger
+from emulator.records.memory import MemoryLedger
 from emulator.nn import torch_reference as R
 from emulator.parallel import NAMES, data_parallel
-from emulator.sharding import layouts
+from emulator.parallel.flat_layout import layouts
 from emulator.training import synthetic_batches, train
 
 V, D, H, FF, L, S = 16, 32, 2, 64, 2, 16

@@ -16,7 +16,7 @@ N ranks form a one-axis device mesh (``tp``). A transformer block (the parameter
 
 Outputs, input gradients and every parameter gradient must agree with the dense block
 (exits non-zero naming the variant and rank otherwise). The hand-written variants' calls
-go to ``--out``/02_tensor_parallel.<tp|sp>.calls.json, in the format of ``emulator.calls``;
+go to ``--out``/02_tensor_parallel.<tp|sp>.calls.json, in the format of ``emulator.records.calls``;
 a test checks they are the calls ``emulator.parallel.tp_block`` makes. Last, the time of a
 layer's four TP all-reduces at a realistic size (bf16, b=1, s=4096, h=8192 on GPUs) beside
 the emulator's prediction. NCCL on GPUs, gloo on the CPU (``--backend`` overrides); N must

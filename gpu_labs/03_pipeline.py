@@ -10,7 +10,7 @@ P ranks are P pipeline stages of the course GPT (the emulator's parameters, 2P b
   receiving, computing and sending with ``batch_isend_irecv``, as the lesson's executor
   does. Loss and every gradient must equal one process running the whole model (exits
   non-zero naming the rank and tensor otherwise). Its calls go to
-  ``--out``/03_pipeline.calls.json (the format of ``emulator.calls``); a test checks they
+  ``--out``/03_pipeline.calls.json (the format of ``emulator.records.calls``); a test checks they
   are the calls the emulator's executor makes.
 * with ``torch.distributed.pipelining``: a ``PipelineStage`` per rank under
   ``ScheduleGPipe`` and ``Schedule1F1B``, and two stages per rank under

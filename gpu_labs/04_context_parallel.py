@@ -9,7 +9,7 @@ attention (``gpu_labs/torch_parallel/ring_attention.py``) runs forward and backw
 and v must equal ``torch.nn.functional.scaled_dot_product_attention`` on the whole
 sequence (exits non-zero naming the case and rank otherwise). The calls of the causal
 zigzag case go to ``--out``/04_context_parallel.calls.json (the format of
-``emulator.calls``); a test checks they are the emulator's ring's calls. Then the ring's
+``emulator.records.calls``); a test checks they are the emulator's ring's calls. Then the ring's
 forward is timed three ways at a larger size (compute only, transfers only, both) and
 the overlap achieved is printed beside the emulator's model of one step. On GPUs, torch's
 experimental ``context_parallel`` is compared too when it runs. NCCL on GPUs, gloo on the

@@ -9,7 +9,7 @@ the rows with ``all_to_all_single`` and split sizes, runs its experts, and combi
 runs the backward (two more all-to-alls). Outputs, input gradients and every parameter
 gradient must equal the whole layer run in one process on every rank's tokens (exits
 non-zero naming the tensor and rank otherwise). The calls go to
-``--out``/05_expert_parallel.calls.json (the format of ``emulator.calls``); a test checks
+``--out``/05_expert_parallel.calls.json (the format of ``emulator.records.calls``); a test checks
 they are the emulator's expert-parallel layer's calls. Then the dispatch and combine of a
 larger layer are timed, beside the emulator's prediction for the same split sizes. NCCL
 on GPUs, gloo on the CPU (``--backend`` overrides); N must divide 8 (the experts).

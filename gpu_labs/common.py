@@ -35,7 +35,7 @@ def base_parser(doc):
     ap.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
                     help="nccl on GPUs, gloo on CPU (default: auto)")
     ap.add_argument("--out", default=os.path.join(ROOT, "artifacts", "gpu_labs"),
-                    help="folder for the lab's call trace (JSON, the format of emulator.calls)")
+                    help="folder for the lab's call trace (JSON, the format of emulator.records.calls)")
     return ap
 
 

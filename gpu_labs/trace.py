@@ -2,7 +2,7 @@
 
 A lab calls collectives and point-to-point operations through a :class:`Recorder`, which
 forwards them to ``torch.distributed`` and keeps, per call, ``Call(op, group, nbytes,
-peer)`` (:mod:`emulator.calls`): torch's op name, the group's mesh axis name (or
+peer)`` (:mod:`emulator.records.calls`): torch's op name, the group's mesh axis name (or
 ``"world"``), the bytes of the tensor passed in, and the global peer rank of a
 point-to-point call. ``save`` gathers every rank's list and writes one JSON file, which a
 test compares with the emulator running the lesson's algorithm.
@@ -15,7 +15,7 @@ import os
 
 import torch.distributed as dist
 
-from emulator.calls import Call, save
+from emulator.records.calls import Call, save
 from emulator.cost import BUS_FACTOR
 
 

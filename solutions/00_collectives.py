@@ -20,10 +20,11 @@
 import numpy as np
 import matplotlib.pyplot as plt
 
-from emulator import DeadlockError, P2POp, World, Topology, collectives as C, viz
+from emulator import DeadlockError, P2POp, World, Topology, viz
+from emulator.algorithms import global_view as C
 from emulator.cost import collective_time, busbw, algbw, crossover_bytes, crossover_ring_tree, calibration_table, BUS_FACTOR
-from emulator.network import Network
-from emulator.topology import NVLINK_H100, INFINIBAND_NDR, H100_BF16_FLOPS
+from emulator.algorithms.hand_traced import Network
+from emulator.machine.topology import NVLINK_H100, INFINIBAND_NDR, H100_BF16_FLOPS
 from emulator.grading import lesson00 as grade
 from emulator.notebook import setup
 
@@ -378,7 +379,7 @@ plt.show()
 # reduces inside the switch, nccl-tests reports about 480). Across nodes with one NDR NIC
 # per GPU, NCCL's channels put all 8 NICs of a node to work: about 370 GB/s again, where a
 # single ring through one NIC would give 46-48 (published figures and sources in
-# `emulator/topology.py`).
+# `emulator/machine/topology.py`).
 
 # %%
 print(f"{'size':>10} {'time':>10} {'algbw':>11} {'busbw':>11}   (all_reduce, 8 GPUs in one node, model)")
@@ -501,7 +502,7 @@ grade.napkin_crossover(napkin_crossover)
 # sweep of `all_reduce`, `reduce_scatter` and `all_gather` reporting time, algbw and busbw
 # as nccl-tests does, with the model's prediction beside each line, and the ring
 # all-reduce of Exercise 0.4 written with `dist.batch_isend_irecv` (the same calls as
-# `emulator.p2p_ring`, and a test compares the two traces) and checked against
+# `emulator.algorithms.p2p_ring`, and a test compares the two traces) and checked against
 # `dist.all_reduce`. On one node with 8 GPUs:
 #
 # ```

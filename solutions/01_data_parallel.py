@@ -21,10 +21,10 @@ from emulator import World, Topology, nn, viz
 from emulator.parallel import assemble, data_parallel
 from emulator.parallel.base import DataParallelStrategy
 from emulator.accounting import zero_bytes_per_gpu, zero_traffic_per_gpu
-from emulator.batch_size import critical_batch_sweep
-from emulator.sharding import FlatLayout
+from emulator.accounting.batch_size import critical_batch_sweep
+from emulator.parallel.flat_layout import FlatLayout
 from emulator.training import synthetic_batches, train, train_single
-from emulator.memory import nbytes_of
+from emulator.records.memory import nbytes_of
 from emulator.grading import lesson01 as grade
 from emulator.notebook import setup
 

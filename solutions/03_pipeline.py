@@ -25,7 +25,7 @@ from emulator import DeadlockError, P2POp, Topology, World, nn, viz
 from emulator.accounting import pipeline_bubble, pp_bytes_per_boundary, tp_bytes_per_layer
 from emulator.parallel import pipeline as pp
 from emulator.parallel.pipeline import Action
-from emulator.schedule_viz import ACTION_COLORS, activations_over_time, schedule_grid
+from emulator.viz.schedules import ACTION_COLORS, activations_over_time, schedule_grid
 from emulator.training import synthetic_batches, train_single
 from emulator.grading import lesson03 as grade
 from emulator.notebook import setup

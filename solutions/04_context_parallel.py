@@ -21,7 +21,7 @@ from ml_dtypes import bfloat16
 
 from emulator import P2POp, Topology, World, nn, viz
 from emulator.accounting import activation_bytes_per_layer
-from emulator.memory import MemoryLedger
+from emulator.records.memory import MemoryLedger
 from emulator.mesh import Mesh
 from emulator.parallel import context_parallel as cp
 from emulator.parallel.tp_block import TensorParallelBlock, cached_terms

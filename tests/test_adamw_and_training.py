@@ -6,7 +6,7 @@ import torch
 from ml_dtypes import bfloat16
 
 from emulator import nn
-from emulator.memory import nbytes_of
+from emulator.records.memory import nbytes_of
 from emulator.nn import torch_reference as R
 
 torch.set_default_dtype(torch.float64)

@@ -4,8 +4,9 @@ messages go to ring neighbours only; crossing pieces sit on different GPUs' NICs
 import numpy as np
 import pytest
 
-from emulator import Topology, World, collectives as C
-from emulator import plans as P
+from emulator import Topology, World
+from emulator.algorithms import global_view as C
+from emulator.algorithms import step_plans as P
 
 TOPO = Topology(gpus_per_node=4)
 

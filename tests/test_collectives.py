@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulator import ShapeError, collectives as C
+from emulator import ShapeError
+from emulator.algorithms import global_view as C
 
 SIZES = [1, 2, 3, 4, 8]
 ALGS = ["ring", "tree", "naive"]

@@ -1,12 +1,13 @@
 """The closed-form cost model agrees with the emulator's clock, for any group; nccl-tests'
-bandwidths; the calibration table in emulator/topology.py."""
+bandwidths; the calibration table in emulator/machine/topology.py."""
 
 import re
 
 import numpy as np
 import pytest
 
-from emulator import ConfigError, Topology, World, topology
+from emulator import ConfigError, Topology, World
+from emulator.machine import topology
 from emulator.cost import busbw, calibration_table, collective_time, crossover_bytes
 
 GROUPS = [(0, 1), (0, 8), (0, 1, 2, 3), tuple(range(8)), tuple(range(16)), (0, 8, 16, 24), (1, 3, 9, 11),
@@ -80,7 +81,7 @@ def test_bus_bandwidth_and_crossover():
 
 @pytest.mark.parametrize("nodes", [1, 2, 4])
 def test_calibration_table_is_the_model_and_within_25_percent(nodes):
-    """The model column of the table in emulator/topology.py is what the model computes,
+    """The model column of the table in emulator/machine/topology.py is what the model computes,
     and it lies within 25% of the published nccl-tests figures for rings."""
     topo = Topology.h100()
     n = 8 * nodes

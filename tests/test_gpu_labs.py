@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from emulator import World, calls, nn
-from emulator.p2p_ring import ring_all_reduce_p2p
+from emulator import World, nn
+from emulator.records import calls
+from emulator.algorithms.p2p_ring import ring_all_reduce_p2p
 from emulator.parallel import data_parallel
 from emulator.parallel.tp_block import TensorParallelBlock
 from emulator.training import synthetic_batches, train

@@ -197,7 +197,7 @@ def test_cache_bytes_name_every_tensor_once():
     act = x.nbytes  # (b, s, d) in float64
     assert got["attn.core.p"] == B * H * S * S * 8 and got["mlp.act.t"] == act * FF // D
     assert "attn.k.x" not in got and got["attn.q.x"] == act  # q, k, v share their input: once
-    from emulator.memory import nbytes_of
+    from emulator.records.memory import nbytes_of
 
     assert nbytes_of(cache) == sum(got.values())  # the ledger counts the same way
 

@@ -8,7 +8,7 @@ from ml_dtypes import bfloat16
 from emulator import ConfigError, Topology, World, nn
 from emulator.accounting import zero_bytes_per_gpu, zero_traffic_per_gpu
 from emulator.parallel import DDP, ZeRO3, assemble, data_parallel
-from emulator.sharding import FlatLayout, layouts
+from emulator.parallel.flat_layout import FlatLayout, layouts
 from emulator.training import synthetic_batches, train, train_single
 
 MODEL = nn.GPT(vocab=16, d_model=32, n_heads=2, d_ff=64, n_layers=2, max_seq=16, dtype=np.float64)

@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 from emulator import World, viz  # noqa: E402
 from emulator.parallel.pipeline import schedule  # noqa: E402
 from emulator.parallel.pipeline.check import bubble_of, simulate  # noqa: E402
-from emulator.schedule_viz import schedule_grid  # noqa: E402
+from emulator.viz.schedules import schedule_grid  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from emulator import P2POp, Topology, World, collectives as C
+from emulator import P2POp, Topology, World
+from emulator.algorithms import global_view as C
 
 SIZES = [1, 2, 3, 4, 8]
 

@@ -11,11 +11,13 @@ library's own solution refuses to run.
 import numpy as np
 
 from .. import World
-from .. import collectives as C
-from .. import cost, p2p_ring, plans
+from ..algorithms import global_view as C
+from .. import cost
+from ..algorithms import p2p_ring
+from ..algorithms import step_plans as plans
 from ..cost import busbw, collective_time, crossover_bytes
-from ..network import Network
-from ..topology import Link, Topology
+from ..algorithms.hand_traced import Network
+from ..machine.topology import Link, Topology
 from .common import CheckFailed, check_close, compare_arrays, expect, passed, run_on_emulator
 from .refuse import refusing
 

@@ -15,7 +15,7 @@ from ..accounting import memory as accounting_memory
 from ..parallel import DDP, ZeRO1, ZeRO2, ZeRO3, assemble
 from ..parallel import data_parallel as library_data_parallel
 from ..parallel.base import DataParallelStrategy
-from ..sharding import layouts
+from ..parallel.flat_layout import layouts
 from ..training import synthetic_batches, train, train_single
 from ..widgets import zero_explorer
 from .common import CheckFailed, check_close, expect, passed, run_on_emulator

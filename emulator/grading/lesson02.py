@@ -14,7 +14,8 @@ from ..parallel import sequence_parallel as SP
 from ..parallel import tensor_parallel as TP
 from ..parallel import vocab_parallel as VP
 from ..parallel.tp_block import TensorParallelBlock
-from .common import CheckFailed, check_close, compare_arrays, expect, passed, run_on_emulator, variants
+from .common import CheckFailed, check_close, compare_arrays, expect, passed, run_on_emulator
+from .napkins import variants
 from .refuse import refusing
 
 LIBRARY = (TP.ColumnParallelLinear, TP.RowParallelLinear, TensorParallelBlock, SP.all_gather_dim,

@@ -15,7 +15,8 @@ from ..accounting import pipeline as formulas
 from ..parallel import pipeline as pp
 from ..parallel.pipeline import executor, schedules
 from ..training import synthetic_batches, train_single
-from .common import CheckFailed, compare_arrays, expect, passed, run_on_emulator, variants
+from .common import CheckFailed, compare_arrays, expect, passed, run_on_emulator
+from .napkins import variants
 from .refuse import refusing
 
 SCHEDULES = (schedules.schedule, schedules.one_f_one_b, schedules.gpipe, schedules.interleaved_1f1b)

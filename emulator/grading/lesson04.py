@@ -17,7 +17,8 @@ from ..parallel import context_parallel as cp
 from ..parallel.context_parallel import layout as L
 from ..parallel.context_parallel import online_softmax as OS
 from ..parallel.context_parallel import ring as RING
-from .common import CheckFailed, compare_arrays, expect, passed, run_on_emulator, variants
+from .common import CheckFailed, compare_arrays, expect, passed, run_on_emulator
+from .napkins import variants
 from .refuse import refusing
 
 ONLINE = (OS.blockwise_attention, OS.OnlineSoftmax.update, RING.ring_attention)

@@ -13,7 +13,8 @@ from .. import World, nn
 from ..accounting import moe as formulas
 from ..nn import moe as M
 from ..parallel import expert_parallel as EP
-from .common import CheckFailed, compare_arrays, expect, passed, run_on_emulator, variants
+from .common import CheckFailed, compare_arrays, expect, passed, run_on_emulator
+from .napkins import variants
 from .refuse import refusing
 
 ROUTING = (M.route,)

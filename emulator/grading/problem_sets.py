@@ -12,7 +12,7 @@ import numpy as np
 
 from ..accounting import activations, micro_batches_for_bubble, moe, zero_bytes_per_gpu
 from ..cost import busbw, collective_time, crossover_bytes
-from ..topology import Link, Topology
+from ..machine.topology import Link, Topology
 
 TOLERANCE = 0.02
 

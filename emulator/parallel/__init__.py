@@ -17,7 +17,7 @@ row-parallel linear layers, the f/g operators).
 import numpy as np
 
 from ..errors import ConfigError
-from ..sharding import layouts
+from .flat_layout import layouts
 from .ddp import DDP
 from .zero1 import ZeRO1
 from .zero2 import ZeRO2

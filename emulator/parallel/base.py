@@ -2,7 +2,7 @@
 layouts, the optimizer, and what it holds in the rank's ledger."""
 
 from ..nn.module import sub
-from ..sharding import layouts
+from .flat_layout import layouts
 
 
 class DataParallelStrategy:

@@ -3,7 +3,7 @@
 import ipywidgets as W
 import numpy as np
 
-from .. import collectives as C
+from ..algorithms import global_view as C
 from .. import viz
 from .common import new_axes, show_figure
 

@@ -10,7 +10,7 @@ import numpy as np
 from .. import Topology, World, nn
 from ..accounting import pipeline_bubble
 from ..parallel import pipeline as pp
-from ..schedule_viz import ACTION_COLORS
+from ..viz.schedules import ACTION_COLORS
 from ..viz import gantt
 from .common import new_axes, show_model
 

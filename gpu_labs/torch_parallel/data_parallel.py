@@ -4,9 +4,9 @@
 Each variant trains a model given layer by layer (``names``, ``layer_forward(name, params,
 x)``) on this rank's slice of every global batch, on the data-parallel group ``group``,
 and returns the full parameters and the local losses. Parameters are cut into the
-emulator's flat layout (``emulator.sharding``: sorted names, padded to a multiple of the
+emulator's flat layout (``emulator.parallel.flat_layout``: sorted names, padded to a multiple of the
 group size), and every call goes through a :class:`trace.Recorder`; ``led`` (an
-``emulator.memory.MemoryLedger``) records what the algorithm holds, by kind.
+``emulator.records.memory.MemoryLedger``) records what the algorithm holds, by kind.
 
 * DDP: one bucket per layer, all-reduced asynchronously from a hook as soon as backward
   has produced the layer's gradients; wait for all, divide by n, step.
@@ -32,7 +32,7 @@ from emulator.nn.module import sub
 @dataclass
 class Setup:
     names: list
-    layouts: dict  # name -> emulator.sharding.FlatLayout
+    layouts: dict  # name -> emulator.parallel.flat_layout.FlatLayout
     params0: dict  # numpy, "layer.key" -> array
     layer_forward: object
     loss_fn: object
@@ -41,7 +41,7 @@ class Setup:
     dtype: object
     group: object
     rec: object  # trace.Recorder
-    led: object  # emulator.memory.MemoryLedger
+    led: object  # emulator.records.memory.MemoryLedger
 
     @property
     def n(self):

@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from ...errors import ConfigError
-from ...p2p import P2POp
+from ...engine.p2p import P2POp
 from .layout import chunks_of
 from .online_softmax import OnlineSoftmax
 

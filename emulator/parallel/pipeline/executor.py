@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import ConfigError, DeadlockError
-from ...p2p import P2POp
+from ...engine.p2p import P2POp
 from ...training import local_batch
 from .actions import shape_of
 from .check import validate

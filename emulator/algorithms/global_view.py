@@ -10,16 +10,16 @@ Versions side by side, each with a one-line NumPy truth:
 * ``naive`` -- everybody sends everything to rank 0, which reduces and sends it back:
   two steps, but rank 0's link carries (n-1) whole buffers each way.
 
-Every algorithm is written once (:mod:`emulator.ring`, :mod:`emulator.tree`), as a
+Every algorithm is written once (:mod:`emulator.algorithms.ring`, :mod:`emulator.algorithms.tree`), as a
 generator that mutates stacked per-rank buffers and yields the :class:`Messages` of each
 communication step. Three things use it:
 ``ring_all_reduce(bufs)`` (run to the end, return the results), ``ring_all_reduce_steps(bufs)``
 (yield a :class:`Step` snapshot after every step, for pictures and widgets) and the SPMD
-engine in :mod:`emulator.world` (which needs the results plus the messages, to charge time
+engine in :mod:`emulator.engine.world` (which needs the results plus the messages, to charge time
 and record the trace).
 
 A ring step is one vectorised operation over all ranks (every rank sends at once), not a
-loop over ranks: see :mod:`emulator.ring`.
+loop over ranks: see :mod:`emulator.algorithms.ring`.
 """
 
 from dataclasses import dataclass
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .all_to_all import all_to_all_pairwise, reference_all_to_all  # noqa: F401 -- public here too
-from .messages import REDUCE_OPS, Messages  # noqa: F401
-from .plans import (ALGORITHMS, SMALL, Plan, check_algorithm, check_op, plan_all_gather,  # noqa: F401
+from .steps import REDUCE_OPS, Messages  # noqa: F401
+from .step_plans import (ALGORITHMS, SMALL, Plan, check_algorithm, check_op, plan_all_gather,  # noqa: F401
                     plan_all_reduce, plan_broadcast, plan_reduce_scatter, run_plan)
 
 _NP_REDUCE = {"sum": np.sum, "avg": np.mean, "max": np.max, "min": np.min, "product": np.prod}

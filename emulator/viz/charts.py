@@ -23,7 +23,7 @@ def gantt(timeline, ax=None, title=None, unit="ms", label_events=True, figsize=N
     under it, one thinner lane per communication stream it used (``comm tp``, ``comm dp``,
     ``p2p 0->1``), each named on the left. Idle time on the compute lane is grey.
     ``colors``: {first letter of a compute event's name: colour}, e.g. a pipeline's F, B
-    and W (:data:`emulator.schedule_viz.ACTION_COLORS`). ``streams``: the communication
+    and W (:data:`emulator.viz.schedules.ACTION_COLORS`). ``streams``: the communication
     streams to draw, by the start of their names (``("comm dp",)``; ``()`` for none)."""
     if hasattr(timeline, "timeline"):
         timeline = timeline.timeline()
@@ -80,7 +80,7 @@ KIND_COLORS = {"params": "#4C72B0", "grads": "#55A868", "optimizer": "#C44E52", 
 def memory_over_time(ledger, ax=None, title=None, unit="us", scale_bytes=1e3, label="kB"):
     """What one rank holds over simulated time, stacked by kind (``world.memory[r]``),
     with the true peak marked and its breakdown at that moment in the legend."""
-    from .memory import KINDS
+    from ..records.memory import KINDS
 
     times, by_kind = ledger.history_by_kind()
     t = times * {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]

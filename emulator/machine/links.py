@@ -2,7 +2,7 @@
 
 Every GPU has an NVLink port (one direction out, one in) and sends across nodes through
 its NIC, which has an out and an in port too (GPUs that share a NIC share its ports; see
-:mod:`emulator.topology`). A message takes the sender's out port and the receiver's in
+:mod:`emulator.machine.topology`). A message takes the sender's out port and the receiver's in
 port of the link it crosses.
 
 The model, in two rules:
@@ -72,7 +72,7 @@ class Pattern:
 
 
 def pattern_of(steps, ranks, world_size, topology):
-    """Time the steps (:class:`~emulator.messages.Messages`) of an operation on the group
+    """Time the steps (:class:`~emulator.algorithms.steps.Messages`) of an operation on the group
     ``ranks`` (global ranks, indexed by group-local rank)."""
     g = np.asarray(ranks)
     lens = [len(m.src) for m in steps]

@@ -5,7 +5,7 @@
   which every rank sends first and receives second waits forever: on a cluster and here.
   The emulator reports it as a :class:`~emulator.errors.DeadlockError` that says so.
 * ``comm.isend(x, dst)`` and ``comm.irecv(buffer, src)`` (or ``irecv(src)``) post an
-  operation and return a :class:`~emulator.rendezvous.Handle`; ``wait()`` on an irecv's
+  operation and return a :class:`~emulator.engine.rendezvous.Handle`; ``wait()`` on an irecv's
   handle returns the received array (written into ``buffer`` when one was given; the
   buffer fixes the shape and dtype expected).
 * ``comm.batch_isend_irecv([P2POp(comm.isend, x, right), P2POp(comm.irecv, buf, left)])``
@@ -20,10 +20,10 @@ between two ranks progress at once, as they do when NCCL runs them in one group.
 
 import numpy as np
 
-from .calls import Call
+from ..records.calls import Call
 from .clock import p2p_stream
-from .errors import CollectiveMismatchError, ConfigError, PeerError
-from .messages import Messages
+from ..errors import CollectiveMismatchError, ConfigError, PeerError
+from ..algorithms.steps import Messages
 from .rendezvous import Handle
 
 DEADLOCK_HINT = (
@@ -82,7 +82,7 @@ class _Side:
 
 
 class PointToPoint:
-    """The point-to-point half of :class:`~emulator.comm.Comm`."""
+    """The point-to-point half of :class:`~emulator.engine.comm.Comm`."""
 
     def _peer(self, peer, what):
         self._check_member(what)

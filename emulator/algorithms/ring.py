@@ -4,7 +4,7 @@ Layout. A collective's buffers are stacked as one array ``X`` of shape (n, n, q)
 chunk, element. Chunk j is the part of the buffer that rank j owns after a
 reduce-scatter; its elements are cut further into c channel pieces (``bounds[k]`` to
 ``bounds[k+1]``), each carried by its own ring, as NCCL does (see
-:meth:`emulator.topology.Topology.rings`).
+:meth:`emulator.machine.topology.Topology.rings`).
 
 A ring visits the ranks in some order; position p sends to position p+1. With both the
 rank and the chunk axes in ring order ("position space"), the chunks that move in one step
@@ -19,7 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .messages import UFUNC, Messages
+from .steps import UFUNC, Messages
 
 
 def is_identity(order):

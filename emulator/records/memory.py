@@ -10,7 +10,7 @@ tie holding to use (the parameters a layer computes with must be held while it d
 
 import numpy as np
 
-from .errors import MemoryLedgerError
+from ..errors import MemoryLedgerError
 
 KINDS = ("params", "grads", "optimizer", "activations", "buffers")
 

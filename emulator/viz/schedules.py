@@ -11,7 +11,7 @@ interleaved schedule are told apart by shade. The executed run is drawn by
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
-from .parallel.pipeline import bubble_of, simulate
+from ..parallel.pipeline import bubble_of, simulate
 
 ACTION_COLORS = {"F": "#4C72B0", "B": "#55A868", "W": "#8172B2"}
 _LIGHT = {"F": "#A1B7DC", "B": "#A8D3B2", "W": "#C0B7DA"}

@@ -7,14 +7,14 @@ transfers run on a stream per pair of ranks and direction (torch creates a commu
 and a stream, per pair for send/recv; NCCL progresses a send and a receive between two
 ranks at once when they are grouped, as ``batch_isend_irecv`` does). An operation starts when every rank taking part is ready (it
 has issued it and its stream is free) and every port it needs is free
-(:mod:`emulator.links`). ``handle.wait()`` joins a stream into the compute stream: the
+(:mod:`emulator.machine.links`). ``handle.wait()`` joins a stream into the compute stream: the
 rank's clock moves to the operation's end, and the gap shows as idle.
 
 Times are simulated seconds, never wall time.
 """
 
-from .links import PortBook, pattern_of, port_count
-from .trace import Batch
+from ..machine.links import PortBook, pattern_of, port_count
+from ..records.trace import Batch
 
 
 def collective_stream(label):

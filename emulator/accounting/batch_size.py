@@ -11,7 +11,7 @@ start to grow: more batch helps less than more steps.
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def steps_to_target(batch, target=0.05, d=16, condition=50.0, noise=1.0, replicas=4, max_steps=20000,

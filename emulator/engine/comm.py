@@ -1,19 +1,19 @@
 """One rank's view of the machine: collectives, groups, compute and memory (point to point
-is in :mod:`emulator.p2p`).
+is in :mod:`emulator.engine.p2p`).
 
 A collective call joins its group's next rendezvous; the last member to arrive runs the
-collective once in the global view (:mod:`emulator.plans`), charges it on the simulated
-clock (:mod:`emulator.clock`), records its messages and wakes the others. See
-:mod:`emulator.world` for the scheduler.
+collective once in the global view (:mod:`emulator.algorithms.step_plans`), charges it on the simulated
+clock (:mod:`emulator.engine.clock`), records its messages and wakes the others. See
+:mod:`emulator.engine.world` for the scheduler.
 """
 
 import numpy as np
 
-from . import all_to_all as A
-from . import plans as P
-from .calls import Call
+from ..algorithms import all_to_all as A
+from ..algorithms import step_plans as P
+from ..records.calls import Call
 from .clock import collective_stream
-from .errors import CollectiveMismatchError, ConfigError, GroupError, PeerError, ShapeError
+from ..errors import CollectiveMismatchError, ConfigError, GroupError, PeerError, ShapeError
 from .p2p import PointToPoint
 from .rendezvous import Handle, Rendezvous
 
@@ -58,7 +58,7 @@ class Comm(PointToPoint):
     # ----------------------------------------------------------------- mesh and groups
     @property
     def memory(self):
-        """This rank's :class:`~emulator.memory.MemoryLedger`."""
+        """This rank's :class:`~emulator.records.memory.MemoryLedger`."""
         return self._world.memory[self.global_rank]
 
     @property

@@ -12,9 +12,10 @@ from functools import partial
 
 import numpy as np
 
-from . import ring, tree
-from .errors import ConfigError, ShapeError
-from .messages import REDUCE_OPS
+from . import ring
+from . import tree
+from ..errors import ConfigError, ShapeError
+from .steps import REDUCE_OPS
 
 ALGORITHMS = ("ring", "tree", "naive")
 SMALL = 64 * 1024  # bytes per rank below which the ring runs chunk-major (ring.direct)

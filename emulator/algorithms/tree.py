@@ -10,7 +10,7 @@ trade-off (log2 n steps instead of 2(n-1)) without that engineering."""
 
 import numpy as np
 
-from .messages import UFUNC, Messages
+from .steps import UFUNC, Messages
 
 
 def _levels(n):

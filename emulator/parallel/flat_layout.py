@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .nn.module import sub
+from ..nn.module import sub
 
 
 @dataclass

@@ -9,8 +9,8 @@ split along dim 0, sizes possibly uneven: the token dispatch of expert paralleli
 
 import numpy as np
 
-from .errors import CollectiveMismatchError, ShapeError
-from .messages import Messages
+from ..errors import CollectiveMismatchError, ShapeError
+from .steps import Messages
 
 
 def reference_all_to_all(chunks):

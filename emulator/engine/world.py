@@ -3,13 +3,13 @@
 Each rank is a greenlet (a cooperative task). The scheduler runs ready ranks in rank order;
 a rank that calls a collective records its input and switches away, and the last member
 of the group to arrive runs the collective once, in the global view of
-:mod:`emulator.plans`, and hands every member its result. Point-to-point sends wait for
-the matching receive, as NCCL's do (:mod:`emulator.p2p`). So:
+:mod:`emulator.algorithms.step_plans`, and hands every member its result. Point-to-point sends wait for
+the matching receive, as NCCL's do (:mod:`emulator.engine.p2p`). So:
 
 * results never depend on scheduling, and runs are deterministic;
 * a deadlock is exact: nothing is ready and some rank has not returned;
-* time is simulated (:mod:`emulator.clock`): a compute stream and a stream per group on
-  each rank, links shared as :mod:`emulator.links` describes.
+* time is simulated (:mod:`emulator.engine.clock`): a compute stream and a stream per group on
+  each rank, links shared as :mod:`emulator.machine.links` describes.
 
 Errors (all subclasses of ``EmulatorError``) are raised from ``run`` at once.
 """
@@ -20,17 +20,17 @@ from collections import deque
 import greenlet
 import numpy as np
 
-from . import plans as P
+from ..algorithms import step_plans as P
 from .clock import Clock
 from .comm import Comm
-from .errors import ConfigError, DeadlockError, EmulatorError, MeshError, RankError
-from .memory import MemoryLedger
-from .mesh import Mesh
+from ..errors import ConfigError, DeadlockError, EmulatorError, MeshError, RankError
+from ..records.memory import MemoryLedger
+from ..mesh import Mesh
 from .p2p import DEADLOCK_HINT
-from .table import Table
-from .timeline import Event, Timeline
-from .topology import Topology
-from .trace import stats_from
+from ..records.table import Table
+from ..records.timeline import Event, Timeline
+from ..machine.topology import Topology
+from ..records.trace import stats_from
 
 
 def _mesh_and_topology(n, mesh, topology):
@@ -82,7 +82,7 @@ class World:
         n = self.size
         self.clock = Clock(n, self.topology, self._patterns)
         self.memory = [MemoryLedger(r, self._clock_of(r)) for r in range(n)]
-        self.calls = [[] for _ in range(n)]  # per rank, the Calls it issued (emulator.calls)
+        self.calls = [[] for _ in range(n)]  # per rank, the Calls it issued (emulator.records.calls)
         self._pending = {}  # (group ranks, seq) -> Rendezvous
         self._seq = {}  # (group ranks, global rank) -> next sequence number
         self._p2p = {}  # (group ranks, src, dst) -> (posted sends, posted recvs)
@@ -154,7 +154,7 @@ class World:
     # ----------------------------------------------------------------- records
     @property
     def trace(self):
-        """Every message of the last run (a list of :class:`~emulator.trace.TraceRecord`)."""
+        """Every message of the last run (a list of :class:`~emulator.records.trace.TraceRecord`)."""
         batches = self.clock.batches
         if self._trace_cache is None or self._trace_cache[0] != len(batches):
             self._trace_cache = (len(batches), [rec for b in batches for rec in b.records()])

@@ -2,7 +2,7 @@
 
 The world records messages in batches (one batch per operation, all its steps at once, as
 arrays) so that recording costs little; ``world.trace`` turns them into records. Times
-are the simulated clocks of :mod:`emulator.clock`, never wall time.
+are the simulated clocks of :mod:`emulator.engine.clock`, never wall time.
 """
 
 from dataclasses import dataclass, field
@@ -38,7 +38,7 @@ class TraceRecord:
 
 class Batch:
     """The messages of one operation: its op and group, the timing pattern of its messages
-    (:class:`~emulator.links.Pattern`, relative times) and when it started. Reads like
+    (:class:`~emulator.machine.links.Pattern`, relative times) and when it started. Reads like
     arrays: ``src``, ``dst``, ``nbytes``, ``channel``, ``nic`` (crosses nodes), ``start``,
     ``end`` (absolute)."""
 

@@ -14,7 +14,7 @@ really comes from the data it was delivered.
 
 import numpy as np
 
-from .errors import PeerError
+from ..errors import PeerError
 
 MARK = 1000.0
 

@@ -13,7 +13,7 @@ on that link, per direction. Ranks ``0..gpus_per_node-1`` share node 0, the next
 
 A message between two GPUs of one node takes the sender's NVLink-out and the receiver's
 NVLink-in; any other message the sender's NIC-out and the receiver's NIC-in (the fabric
-between NICs is a non-blocking fat tree). :mod:`emulator.links` charges every message on
+between NICs is a non-blocking fat tree). :mod:`emulator.machine.links` charges every message on
 those ports.
 
 **Channels.** NCCL splits a ring collective over several *channels*: parallel rings, each
@@ -55,7 +55,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,3 @@
+"""What a run leaves behind: the calls each rank made (``calls``, the format the GPU labs
+write too), every message (``trace``), the streams over time (``timeline``), the bytes each
+rank holds (``memory``), and the text tables they print as (``table``)."""
