@@ -12,7 +12,7 @@ from .errors import (CollectiveMismatchError, ConfigError, DeadlockError, Emulat
 from .records.memory import KINDS as MEMORY_KINDS
 from .records.memory import MemoryLedger
 from .mesh import Mesh
-from .algorithms.steps import REDUCE_OPS, ReduceOp
+from .algorithms.reduce_ops import REDUCE_OPS, ReduceOp
 from .engine.p2p import P2POp
 from .engine.rendezvous import Handle
 from .records.table import Table, human_bytes

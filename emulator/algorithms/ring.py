@@ -19,7 +19,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from .steps import UFUNC, Messages
+from .reduce_ops import UFUNC
+from .steps import Messages
 
 
 def is_identity(order):

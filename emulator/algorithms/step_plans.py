@@ -15,7 +15,7 @@ import numpy as np
 from . import ring
 from . import tree
 from ..errors import ConfigError, ShapeError
-from .steps import REDUCE_OPS
+from .reduce_ops import REDUCE_OPS
 
 ALGORITHMS = ("ring", "tree", "naive")
 SMALL = 64 * 1024  # bytes per rank below which the ring runs chunk-major (ring.direct)

@@ -1,19 +1,8 @@
-"""What a communication step sends: the record every algorithm yields, and reduce ops."""
+"""What a communication step sends: the record every algorithm yields."""
 
 from dataclasses import dataclass
 
 import numpy as np
-
-# torch.distributed.ReduceOp's names; "avg" adds, then divides by the group size
-REDUCE_OPS = ("sum", "avg", "max", "min", "product")
-UFUNC = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum, "product": np.multiply}
-
-
-class ReduceOp:
-    """The reduce ops by torch's names: ``comm.all_reduce(x, op=ReduceOp.MAX)`` is
-    ``op="max"``."""
-
-    SUM, AVG, MAX, MIN, PRODUCT = REDUCE_OPS
 
 
 @dataclass

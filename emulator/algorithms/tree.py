@@ -10,7 +10,8 @@ trade-off (log2 n steps instead of 2(n-1)) without that engineering."""
 
 import numpy as np
 
-from .steps import UFUNC, Messages
+from .reduce_ops import UFUNC
+from .steps import Messages
 
 
 def _levels(n):
