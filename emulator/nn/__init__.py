@@ -12,11 +12,11 @@ from .gpt import GPT, LMHead, TokenPositionEmbedding
 from .layernorm import LayerNorm, layer_norm, layer_norm_backward
 from .linear import Embedding, Linear
 from .loss import cross_entropy, cross_entropy_backward
-from .mlp import MLP
-from .moe import MoE
+from .mlp import MLP, SwiGLU
+from .moe import MoE, scale_aux_loss
 from .module import Composite, Module, add_flops, cache_bytes, prefixed, sub, total_flops
 
 __all__ = ["Module", "Composite", "Linear", "Embedding", "GELU", "LayerNorm", "Attention", "AttentionCore",
-           "MLP", "MoE", "TransformerBlock", "GPT", "TokenPositionEmbedding", "LMHead", "cross_entropy",
+           "MLP", "SwiGLU", "MoE", "scale_aux_loss", "TransformerBlock", "GPT", "TokenPositionEmbedding", "LMHead", "cross_entropy",
            "cross_entropy_backward", "AdamW", "sub", "prefixed", "softmax", "causal_mask", "cache_bytes",
            "add_flops", "total_flops", "gelu", "gelu_backward", "layer_norm", "layer_norm_backward"]

@@ -41,3 +41,14 @@ class GELU(Module):
         d += q
         d *= dy
         return d
+
+
+def silu(x):
+    """x * sigmoid(x) (SiLU, the "swish" of SwiGLU)."""
+    return x / (1 + np.exp(-x))
+
+
+def silu_backward(x, dy):
+    """dy * SiLU'(x) = dy * sigmoid(x) * (1 + x (1 - sigmoid(x)))."""
+    sig = 1 / (1 + np.exp(-x))
+    return dy * sig * (1 + x * (1 - sig))

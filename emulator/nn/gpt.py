@@ -69,14 +69,29 @@ class LMHead(Composite):
 class GPT(Composite):
     """``GPT(vocab, d_model, n_heads, d_ff, n_layers, max_seq)``: causal language model.
 
-    forward(params, idx (batch, seq) ints) -> logits (batch, seq, vocab)."""
+    forward(params, idx (batch, seq) ints) -> logits (batch, seq, vocab).
 
-    def __init__(self, vocab, d_model, n_heads, d_ff, n_layers, max_seq, dtype=np.float32):
+    The variants published models use (see :class:`~emulator.nn.block.TransformerBlock`):
+    ``n_kv_heads`` (grouped-query attention), ``mlp="swiglu"``, and ``n_experts`` > 0 for a
+    mixture of experts in every block (``top_k``, ``capacity_factor`` (None: dropless),
+    ``aux_loss_coef`` (Switch's load-balancing loss)). The loss a run reports is the
+    cross-entropy; the auxiliary losses only add to the router's gradient."""
+
+    def __init__(self, vocab, d_model, n_heads, d_ff, n_layers, max_seq, dtype=np.float32, n_kv_heads=None,
+                 mlp="gelu", n_experts=0, top_k=1, capacity_factor=None, aux_loss_coef=0.0):
         check_heads("GPT", d_model, n_heads)
+        for name, v in (("vocab", vocab), ("n_layers", n_layers), ("max_seq", max_seq), ("d_ff", d_ff)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ConfigError(f"GPT: {name} must be a positive integer, got {v!r}")
         self.vocab, self.d_model, self.n_heads, self.d_ff = vocab, d_model, n_heads, d_ff
+        self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        self.mlp, self.n_experts, self.top_k = mlp, n_experts, top_k
+        self.capacity_factor, self.aux_loss_coef = capacity_factor, aux_loss_coef
         self.n_layers, self.max_seq, self.dtype = n_layers, max_seq, dtype
         self.embed = TokenPositionEmbedding(vocab, d_model, max_seq, dtype)
-        self.blocks = [TransformerBlock(d_model, n_heads, d_ff, causal=True, dtype=dtype) for _ in range(n_layers)]
+        self.blocks = [TransformerBlock(d_model, n_heads, d_ff, causal=True, dtype=dtype, n_kv_heads=n_kv_heads,
+                                        mlp=mlp, n_experts=n_experts, top_k=top_k, capacity_factor=capacity_factor,
+                                        aux_loss_coef=aux_loss_coef) for _ in range(n_layers)]
         self.head = LMHead(d_model, vocab, dtype)
         self.layers = [("embed", self.embed)] + [(f"blocks.{i}", b) for i, b in enumerate(self.blocks)] + \
                       [("head", self.head)]

@@ -53,6 +53,13 @@ def check_heads(name, d_model, n_heads):
         raise ConfigError(f"{name}: d_model ({d_model}) must be divisible by n_heads ({n_heads})")
 
 
+def check_kv_heads(name, n_heads, n_kv_heads):
+    if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, (int, np.integer)) or n_kv_heads < 1 \
+            or n_heads % n_kv_heads:
+        raise ConfigError(f"{name}: n_kv_heads ({n_kv_heads!r}) must be a positive divisor of n_heads ({n_heads}): "
+                          f"each K/V head serves a group of n_heads / n_kv_heads query heads")
+
+
 def add_flops(*parts):
     """The sum of several modules' FLOPs dicts."""
     return {k: sum(p[k] for p in parts) for k in NO_FLOPS}

@@ -11,17 +11,22 @@ Forward, for tokens x (T, d) (any leading dims are flattened):
    around the layer carries it). ``capacity_factor=None`` is dropless;
 3. **permute**: the kept (token, expert) assignments sorted by expert, stable in token
    order, so each expert's tokens are one contiguous block;
-4. **experts**: expert e computes GELU(X_e W1[e] + b1[e]) W2[e] + b2[e] on its block;
+4. **experts**: expert e computes GELU(X_e W1[e] + b1[e]) W2[e] + b2[e] on its block
+   (``mlp="swiglu"``: (SiLU(X_e G[e]) * (X_e U[e])) D[e], as DeepSeek, Mixtral and Qwen);
 5. **combine**: each token's output is the weighted sum of its experts' outputs.
 
 Parameters: ``router.w`` (d, E); ``experts.fc1.w`` (E, d, d_ff), ``experts.fc1.b`` (E,
-d_ff), ``experts.fc2.w`` (E, d_ff, d), ``experts.fc2.b`` (E, d): the experts stacked along
-dim 0, which is how expert parallelism splits them.
+d_ff), ``experts.fc2.w`` (E, d_ff, d), ``experts.fc2.b`` (E, d) (SwiGLU experts:
+``experts.gate.w``, ``experts.up.w`` (E, d, d_ff), ``experts.down.w`` (E, d_ff, d)): the
+experts stacked along dim 0, which is how expert parallelism splits them.
 
 With ``aux_loss_coef`` > 0 the layer adds Switch Transformer's load-balancing loss,
 ``E * sum_e f_e P_e`` (f_e: the share of assignments routed to e, P_e: the mean router
 probability of e), times the coefficient, to the gradient of the router; its value is in
-``cache["aux_loss"]``.
+``cache["aux_loss"]``. The auxiliary loss is part of the training loss, so its gradient
+is scaled as the loss is (by ``1/micro-batches`` and the data-parallel average):
+:func:`scale_aux_loss` sets that scale in a forward's cache before backward, as
+Megatron's ``MoEAuxLossAutoScaler.set_loss_scale`` does.
 
 The pieces (routing, capacity, the stacked experts) are functions, so expert
 parallelism (:mod:`emulator.parallel.expert_parallel`) runs the same code on each rank.
@@ -32,11 +37,31 @@ import math
 import numpy as np
 
 from ..errors import ConfigError
-from .activations import gelu, gelu_backward
+from .activations import gelu, gelu_backward, silu, silu_backward
 from .attention_core import softmax
 from .module import Module, check_last_dim
 
 EXPERT_KEYS = ("experts.fc1.w", "experts.fc1.b", "experts.fc2.w", "experts.fc2.b")
+SWIGLU_EXPERT_KEYS = ("experts.gate.w", "experts.up.w", "experts.down.w")
+
+
+def expert_keys(params):
+    """The stacked experts' keys in ``params`` (GELU or SwiGLU experts)."""
+    return SWIGLU_EXPERT_KEYS if "experts.gate.w" in params else EXPERT_KEYS
+
+
+def scale_aux_loss(cache, scale):
+    """Scale the auxiliary loss's gradient of every MoE layer in a forward's ``cache`` (any
+    nesting of dicts and lists) by ``scale``, the factor the loss is scaled by."""
+    if isinstance(cache, dict):
+        if "aux_dp" in cache:
+            cache["aux_scale"] = scale
+        for v in cache.values():
+            if isinstance(v, (dict, list)):
+                scale_aux_loss(v, scale)
+    elif isinstance(cache, list):
+        for v in cache:
+            scale_aux_loss(v, scale)
 
 
 # ----------------------------------------------------------------- routing
@@ -89,6 +114,8 @@ def load_balancing(p, expert_ids, n_experts):
 # ----------------------------------------------------------------- the stacked experts
 def experts_forward(params, xs, counts):
     """Expert e (local index) on rows ``xs[start_e : start_e + counts[e]]``."""
+    if "experts.gate.w" in params:
+        return _swiglu_experts_forward(params, xs, counts)
     w1, b1, w2, b2 = (params[k] for k in EXPERT_KEYS)
     starts = np.concatenate([[0], np.cumsum(counts)])
     h = np.empty((len(xs), w1.shape[2]), xs.dtype)
@@ -100,7 +127,22 @@ def experts_forward(params, xs, counts):
     return ys, {"xs": xs, "h": h, "starts": starts}
 
 
+def _swiglu_experts_forward(params, xs, counts):
+    wg, wu, wd = (params[k] for k in SWIGLU_EXPERT_KEYS)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    g = np.empty((len(xs), wg.shape[2]), xs.dtype)
+    u = np.empty_like(g)
+    ys = np.empty((len(xs), wd.shape[2]), xs.dtype)
+    for e in range(len(counts)):
+        r = slice(starts[e], starts[e + 1])
+        g[r], u[r] = xs[r] @ wg[e], xs[r] @ wu[e]
+        ys[r] = (silu(g[r]) * u[r]) @ wd[e]
+    return ys, {"xs": xs, "g": g, "u": u, "starts": starts}
+
+
 def experts_backward_input(params, ec, dys):
+    if "g" in ec:
+        return _swiglu_experts_backward_input(params, ec, dys)
     w1, w2 = params["experts.fc1.w"], params["experts.fc2.w"]
     starts, h = ec["starts"], ec["h"]
     dh, dxs = np.empty_like(h), np.empty_like(ec["xs"])
@@ -112,8 +154,30 @@ def experts_backward_input(params, ec, dys):
     return dxs
 
 
+def _swiglu_experts_backward_input(params, ec, dys):
+    wg, wu, wd = (params[k] for k in SWIGLU_EXPERT_KEYS)
+    starts, g, u = ec["starts"], ec["g"], ec["u"]
+    dg, du, dxs = np.empty_like(g), np.empty_like(u), np.empty_like(ec["xs"])
+    for e in range(len(starts) - 1):
+        r = slice(starts[e], starts[e + 1])
+        da = dys[r] @ wd[e].T
+        dg[r], du[r] = silu_backward(g[r], da * u[r]), silu(g[r]) * da
+        dxs[r] = dg[r] @ wg[e].T + du[r] @ wu[e].T
+    ec["dg"], ec["du"] = dg, du
+    return dxs
+
+
 def experts_backward_weight(params, ec, dys):
-    starts, h, xs, dh = ec["starts"], ec["h"], ec["xs"], ec["dh"]
+    starts, xs = ec["starts"], ec["xs"]
+    if "g" in ec:
+        grads = {k: np.zeros_like(params[k]) for k in SWIGLU_EXPERT_KEYS}
+        for e in range(len(starts) - 1):
+            r = slice(starts[e], starts[e + 1])
+            grads["experts.down.w"][e] = (silu(ec["g"][r]) * ec["u"][r]).T @ dys[r]
+            grads["experts.gate.w"][e] = xs[r].T @ ec["dg"][r]
+            grads["experts.up.w"][e] = xs[r].T @ ec["du"][r]
+        return grads
+    h, dh = ec["h"], ec["dh"]
     g = {k: np.zeros_like(params[k]) for k in EXPERT_KEYS}
     for e in range(len(starts) - 1):
         r = slice(starts[e], starts[e + 1])
@@ -130,7 +194,7 @@ class MoE(Module):
     dropped assignments and ``cache["counts"]`` the tokens each expert computed."""
 
     def __init__(self, d_model, d_ff, n_experts, top_k, capacity_factor=None, aux_loss_coef=0.0, std=0.02,
-                 dtype=np.float32):
+                 dtype=np.float32, mlp="gelu"):
         for name, v in (("d_model", d_model), ("d_ff", d_ff), ("n_experts", n_experts), ("top_k", top_k)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ConfigError(f"MoE: {name} must be a positive integer, got {v!r}")
@@ -138,11 +202,18 @@ class MoE(Module):
             raise ConfigError(f"MoE: top_k ({top_k}) cannot exceed n_experts ({n_experts})")
         if capacity_factor is not None and not capacity_factor > 0:
             raise ConfigError(f"MoE: capacity_factor must be positive or None (dropless), got {capacity_factor!r}")
+        if mlp not in ("gelu", "swiglu"):
+            raise ConfigError(f"MoE: mlp must be 'gelu' or 'swiglu', got {mlp!r}")
+        self.mlp = mlp
         self.d_model, self.d_ff, self.n_experts, self.top_k = d_model, d_ff, n_experts, top_k
         self.capacity_factor, self.aux_loss_coef, self.std, self.dtype = capacity_factor, aux_loss_coef, std, dtype
 
     def init(self, rng):
         d, f, e = self.d_model, self.d_ff, self.n_experts
+        if self.mlp == "swiglu":
+            return {"router.w": (rng.standard_normal((d, e)) * self.std).astype(self.dtype),
+                    **{k: (rng.standard_normal((e, f, d) if k.endswith("down.w") else (e, d, f)) * self.std
+                           ).astype(self.dtype) for k in SWIGLU_EXPERT_KEYS}}
         return {"router.w": (rng.standard_normal((d, e)) * self.std).astype(self.dtype),
                 "experts.fc1.w": (rng.standard_normal((e, d, f)) * self.std).astype(self.dtype),
                 "experts.fc1.b": np.zeros((e, f), self.dtype),
@@ -176,7 +247,7 @@ class MoE(Module):
         dweights = np.zeros(len(w_flat), dy2.dtype)
         dweights[order] = (dy2[tokens[order]] * ys).sum(-1)
         dxs = experts_backward_input(params, cache["experts"], dys)
-        extra = self.aux_loss_coef * cache["aux_dp"] if self.aux_loss_coef else None
+        extra = self.aux_loss_coef * cache.get("aux_scale", 1.0) * cache["aux_dp"] if self.aux_loss_coef else None
         dx, dlogits = route_backward(params["router.w"], cache["route"], dweights.reshape(-1, self.top_k), extra)
         np.add.at(dx, tokens[order], dxs)
         cache["dys"], cache["dlogits"] = dys, dlogits
@@ -193,7 +264,7 @@ class MoE(Module):
         """Matmul FLOPs when the tokens spread over the experts as routed (k per token)."""
         t = int(np.prod(x_shape[:-1]))
         router = 2 * t * self.d_model * self.n_experts
-        experts = 2 * t * self.top_k * 2 * self.d_model * self.d_ff
+        experts = 2 * t * self.top_k * (3 if self.mlp == "swiglu" else 2) * self.d_model * self.d_ff
         return {"forward": router + experts, "backward_input": router + experts, "backward_weight": router + experts}
 
     def active_parameters(self):
@@ -205,4 +276,6 @@ class MoE(Module):
         return self._parameters(self.n_experts)
 
     def _parameters(self, experts):
-        return self.d_model * self.n_experts + experts * (2 * self.d_model * self.d_ff + self.d_ff + self.d_model)
+        per_expert = 3 * self.d_model * self.d_ff if self.mlp == "swiglu" else \
+            2 * self.d_model * self.d_ff + self.d_ff + self.d_model
+        return self.d_model * self.n_experts + experts * per_expert

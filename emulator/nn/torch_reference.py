@@ -15,32 +15,49 @@ def layer_norm(p, x, pre=""):
     return F.layer_norm(x, (x.shape[-1],), p[pre + "g"], p[pre + "b"], eps=1e-5)
 
 
-def attention(p, x, pre="", causal=False, n_heads=1):
+def attention(p, x, pre="", causal=False, n_heads=1, n_kv_heads=None):
     b, s, d = x.shape
-    q, k, v = (linear(p, x, f"{pre}{n}.").reshape(b, s, n_heads, -1).transpose(1, 2) for n in "qkv")
+    n_kv = n_kv_heads or n_heads
+    q = linear(p, x, pre + "q.").reshape(b, s, n_heads, -1).transpose(1, 2)
+    k, v = (linear(p, x, f"{pre}{n}.").reshape(b, s, n_kv, -1).transpose(1, 2).repeat_interleave(n_heads // n_kv, 1)
+            for n in "kv")
     o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     return linear(p, o.transpose(1, 2).reshape(b, s, d), pre + "o.")
 
 
-def mlp(p, x, pre=""):
+def mlp(p, x, pre="", kind="gelu"):
+    if kind == "swiglu":
+        return (F.silu(x @ p[pre + "gate.w"]) * (x @ p[pre + "up.w"])) @ p[pre + "down.w"]
     return linear(p, F.gelu(linear(p, x, pre + "fc1."), approximate="tanh"), pre + "fc2.")
 
 
-def block(p, x, pre="", n_heads=1):
-    h = x + attention(p, layer_norm(p, x, pre + "ln1."), pre + "attn.", causal=True, n_heads=n_heads)
-    return h + mlp(p, layer_norm(p, h, pre + "ln2."), pre + "mlp.")
+def block(p, x, pre="", n_heads=1, n_kv_heads=None, mlp_kind="gelu", n_experts=0, top_k=1, capacity_factor=None,
+          aux=None):
+    """A block; with experts, each MoE layer's load-balancing loss is appended to ``aux``."""
+    h = x + attention(p, layer_norm(p, x, pre + "ln1."), pre + "attn.", True, n_heads, n_kv_heads)
+    a = layer_norm(p, h, pre + "ln2.")
+    if not n_experts:
+        return h + mlp(p, a, pre + "mlp.", mlp_kind)
+    sub = {k[len(pre + "mlp."):]: v for k, v in p.items() if k.startswith(pre + "mlp.")}
+    y, loss = moe(sub, a.reshape(-1, a.shape[-1]), top_k, capacity_factor, mlp_kind, with_aux=True)
+    if aux is not None:
+        aux.append(loss)
+    return h + y.reshape(a.shape)
 
 
-def gpt(p, idx, n_layers, n_heads):
-    """logits of :class:`emulator.nn.GPT` for token ids ``idx`` (a LongTensor)."""
+def gpt(p, idx, n_layers, n_heads, aux=None, **block_options):
+    """logits of :class:`emulator.nn.GPT` for token ids ``idx`` (a LongTensor); ``block_options``
+    as :func:`block` (n_kv_heads, mlp_kind, n_experts, top_k, capacity_factor)."""
     x = p["embed.tok.w"][idx] + p["embed.pos.w"][: idx.shape[1]]
     for i in range(n_layers):
-        x = block(p, x, f"blocks.{i}.", n_heads)
+        x = block(p, x, f"blocks.{i}.", n_heads, aux=aux, **block_options)
     return layer_norm(p, x, "head.ln.") @ p["head.proj.w"]
 
 
-def moe(p, x, top_k, capacity_factor=None):
-    """:class:`emulator.nn.MoE` (routing, capacity, experts, combine) in torch, x (T, d)."""
+def moe(p, x, top_k, capacity_factor=None, kind="gelu", with_aux=False):
+    """:class:`emulator.nn.MoE` (routing, capacity, experts, combine) in torch, x (T, d);
+    ``with_aux``: also Switch's load-balancing loss E sum_e f_e P_e (f_e counted from the
+    routing, which has no gradient; P_e the mean router probability)."""
     import math
 
     probs = torch.softmax(x @ p["router.w"], -1)
@@ -59,10 +76,17 @@ def moe(p, x, top_k, capacity_factor=None):
     for e in range(n_experts):
         a = ((e_ids == e) & keep).nonzero().reshape(-1)
         if len(a):
-            h = F.gelu(x[tokens[a]] @ p["experts.fc1.w"][e] + p["experts.fc1.b"][e], approximate="tanh")
-            out = h @ p["experts.fc2.w"][e] + p["experts.fc2.b"][e]
+            xe = x[tokens[a]]
+            if kind == "swiglu":
+                out = (F.silu(xe @ p["experts.gate.w"][e]) * (xe @ p["experts.up.w"][e])) @ p["experts.down.w"][e]
+            else:
+                h = F.gelu(xe @ p["experts.fc1.w"][e] + p["experts.fc1.b"][e], approximate="tanh")
+                out = h @ p["experts.fc2.w"][e] + p["experts.fc2.b"][e]
             y = y.index_add(0, tokens[a], weights.reshape(-1)[a, None] * out)
-    return y
+    if not with_aux:
+        return y
+    f = torch.bincount(e_ids, minlength=n_experts).to(probs.dtype) / len(e_ids)
+    return y, n_experts * (f * probs.mean(0)).sum()
 
 
 def to_torch(params, requires_grad=True):
