@@ -1,9 +1,11 @@
-"""The training step every parallel strategy plugs into, and the runs it is checked against.
+"""The training step every data-parallel strategy plugs into, and the runs it is checked against.
 
 ``train(comm, model, strategy, batches)`` runs, for every global batch, this rank's slice
-(by its rank in the strategy's data-parallel group), cut into ``micro_batches``; each
-micro-batch goes forward layer by layer and backward in reverse, and the strategy's hooks
-decide where parameters come from and where gradients go:
+(by its rank in the strategy's data-parallel group), cut into ``micro_batches``. The step
+is a one-stage pipeline (:class:`~emulator.parallel.pipeline.PipelineStage`, the same loop
+every pipeline schedule runs on): each micro-batch goes forward layer by layer and
+backward in reverse, and the strategy's hooks decide where parameters come from and where
+gradients go:
 
 ==========================================  =============================================
 ``strategy.params_for_forward(name, nxt)``  before a layer's forward: its parameters
@@ -12,7 +14,7 @@ decide where parameters come from and where gradients go:
 ``strategy.params_for_backward(name, nxt)`` before the layer's backward
 ``strategy.grads_ready(name, grads, last)``  its gradients; ``last``: the step's last
                                             micro-batch (DDP reduces only then)
-``strategy.step()``                         after the whole batch: finish and update
+``strategy.step()``                         after the whole batch: reduce, then update
 ==========================================  =============================================
 
 A layer's activations (every array its forward cached for backward) are held in the
@@ -23,17 +25,20 @@ simulated clock from each layer's FLOPs (``layer.flops``: its matrix multiplicat
 attention's s^2 term included).
 
 ``train_single`` is the reference every parallel run must match: one device, the whole
-global batch. ``synthetic_batches`` makes a task a small GPT learns in a few steps.
+global batch (as ``micro_batches`` contiguous groups, whose gradients add up; each
+group's loss, auxiliary losses included, scaled by ``1/micro_batches``), optionally
+clipped to a global gradient norm as ``torch.nn.utils.clip_grad_norm_`` does.
+``synthetic_batches`` makes a task a small GPT learns in a few steps.
 """
 
 from dataclasses import dataclass
 
 import numpy as np
-from ml_dtypes import bfloat16
 
 from . import nn
 from .errors import ConfigError
 from .nn.module import sub
+from .nn.precision import upcast  # noqa: F401 -- part of this module's interface
 
 
 @dataclass
@@ -46,89 +51,83 @@ class TrainResult:
     shards: dict
 
 
-def upcast(params):
-    """Mixed precision: bf16 parameters are used in fp32 (forward and backward run in
-    fp32; only storage and communication are bf16)."""
-    return {k: v.astype(np.float32) if v.dtype == bfloat16 else v for k, v in params.items()}
+def split_batch(x, y, parts, what="parts"):
+    """``parts`` equal, contiguous slices of the batch ``(x, y)`` along dim 0, as a list of
+    ``(x_i, y_i)``: a batch over data-parallel ranks, or a rank's batch into micro-batches."""
+    n = len(x)
+    if isinstance(parts, bool) or not isinstance(parts, (int, np.integer)) or parts < 1 or n % parts:
+        raise ConfigError(f"a batch of {n} sequences does not split into {parts} equal {what}; use a batch that is "
+                          f"a multiple of {parts}")
+    b = n // parts
+    return [(x[i * b:(i + 1) * b], y[i * b:(i + 1) * b]) for i in range(parts)]
 
 
 def local_batch(comm, x, y):
     """This rank's equal slice of a global batch (data parallelism)."""
-    n, r = comm.size, comm.rank
-    if len(x) % n:
-        raise ConfigError(f"a global batch of {len(x)} examples does not split over {n} ranks; data "
-                          f"parallelism needs a multiple of {n} (and at least {n})")
-    b = len(x) // n
-    return x[r * b:(r + 1) * b], y[r * b:(r + 1) * b]
+    if len(x) % comm.size:
+        raise ConfigError(f"a global batch of {len(x)} examples does not split over {comm.size} ranks; data "
+                          f"parallelism needs a multiple of {comm.size} (and at least {comm.size})")
+    return split_batch(x, y, comm.size)[comm.rank]
 
 
-def _micro(x, y, m):
-    if m < 1 or len(x) % m:
-        raise ConfigError(f"micro_batches={m} must divide the local batch of {len(x)} examples")
-    b = len(x) // m
-    return [(x[i * b:(i + 1) * b], y[i * b:(i + 1) * b]) for i in range(m)]
-
-
-def forward_backward(comm, model, strategy, x, y, dloss=1.0, last=True, recompute=False):
-    """One micro-batch through every layer and back. Returns its loss."""
-    mem = comm.memory
-    names = [n for n, _ in model.layers]
-    caches, inputs, flops, h = {}, {}, {}, x
-    for i, (name, layer) in enumerate(model.layers):
-        p = strategy.params_for_forward(name, names[i + 1] if i + 1 < len(names) else None)
-        inputs[name] = h
-        flops[name] = layer.flops(np.shape(h))
-        h, caches[name] = layer.forward(upcast(p), h)
-        comm.compute(flops=flops[name]["forward"], name=f"F {name}")
-        strategy.after_forward(name)
-        if recompute:
-            caches[name] = None
-            mem.hold(f"act:{name}", inputs[name], "activations")  # only the layer's input
-        else:
-            mem.hold(f"act:{name}", caches[name], "activations")  # every array in the cache
-    loss, lcache = nn.cross_entropy(h, y)
-    dy = nn.cross_entropy_backward(lcache, dloss)
-    for i in reversed(range(len(names))):
-        name, layer = model.layers[i]
-        p = strategy.params_for_backward(name, names[i - 1] if i > 0 else None)
-        up = upcast(p)
-        if recompute:
-            _, caches[name] = layer.forward(up, inputs[name])
-            comm.compute(flops=flops[name]["forward"], name=f"F' {name}")
-        dx = layer.backward_input(up, caches[name], dy)
-        grads = layer.backward_weight(up, caches[name], dy)
-        comm.compute(flops=flops[name]["backward_input"] + flops[name]["backward_weight"], name=f"B {name}")
-        mem.release(f"act:{name}")
-        del caches[name], inputs[name], flops[name]
-        strategy.grads_ready(name, {k: g.astype(p[k].dtype) for k, g in grads.items()}, last)
-        dy = dx
-    return loss
+def _layer_label(action, layer, what):
+    return f"{what} {layer}"  # "F blocks.0", "B blocks.0", "F' blocks.0" (recomputed)
 
 
 def train(comm, model, strategy, batches, micro_batches=1, recompute=False):
     """Train with ``strategy`` (see :mod:`emulator.parallel`) on ``batches`` (global (x, y)
     pairs), on this rank. Returns a :class:`TrainResult`."""
+    from .parallel.pipeline import PipelineStage, run_actions, schedule
+
+    solo = comm.new_group([comm.global_rank])  # a pipeline of one stage: no messages
+    stage = PipelineStage(solo, model, hooks=strategy, recompute="full" if recompute else "none",
+                          label=_layer_label, release="layer")
+    actions = schedule("1f1b", 1, micro_batches)[0]
     losses = []
     for x, y in batches:
         xl, yl = local_batch(strategy.comm, x, y)
-        parts = _micro(xl, yl, micro_batches)
-        step_losses = [forward_backward(comm, model, strategy, xm, ym, 1.0 / len(parts), i == len(parts) - 1,
-                                        recompute) for i, (xm, ym) in enumerate(parts)]
+        parts = split_batch(xl, yl, micro_batches, "micro-batches")
+        step_losses = run_actions(solo, stage, actions, [p[0] for p in parts], [p[1] for p in parts])
         strategy.step()
-        losses.append(float(np.mean(step_losses)))
+        stage.losses, stage.done = {}, []
+        losses.append(float(np.mean([step_losses[i] for i in sorted(step_losses)])))
     return TrainResult(losses, strategy.params(), strategy.shards())
 
 
-def train_single(model, params, batches, opt):
-    """The reference: one device, the whole global batch. Returns (params, losses)."""
+def global_norm(grads):
+    """sqrt of the sum of squares of every gradient (one vector of all of them)."""
+    return float(np.sqrt(sum(float(np.sum(np.square(np.asarray(g, dtype=np.float64)))) for g in grads.values())))
+
+
+def clip_coefficient(norm, max_norm):
+    """The factor ``torch.nn.utils.clip_grad_norm_`` multiplies the gradients by:
+    max_norm / (norm + 1e-6), at most 1."""
+    if not max_norm > 0:
+        raise ConfigError(f"clip_grad_norm must be a positive norm, got {max_norm!r}")
+    return min(1.0, max_norm / (norm + 1e-6))
+
+
+def train_single(model, params, batches, opt, clip_grad_norm=None, micro_batches=1):
+    """The reference: one device, the whole global batch, as ``micro_batches`` groups of
+    contiguous sequences (MoE capacity and load-balancing statistics are per group).
+    Returns (params, losses): the losses are each step's mean cross-entropy."""
     state = opt.init(params)
     losses = []
     for x, y in batches:
-        logits, cache = model.forward(upcast(params), x)
-        loss, lc = nn.cross_entropy(logits, y)
-        _, grads = model.backward(upcast(params), cache, nn.cross_entropy_backward(lc))
-        params, state = opt.step(params, {k: g.astype(params[k].dtype) for k, g in grads.items()}, state)
-        losses.append(loss)
+        groups = split_batch(x, y, micro_batches, "micro-batches")
+        total, step_losses = None, []
+        for xg, yg in groups:
+            logits, cache = model.forward(upcast(params), xg)
+            loss, lc = nn.cross_entropy(logits, yg)
+            nn.scale_aux_loss(cache, 1.0 / micro_batches)
+            _, grads = model.backward(upcast(params), cache, nn.cross_entropy_backward(lc, 1.0 / micro_batches))
+            total = grads if total is None else {k: total[k] + g for k, g in grads.items()}
+            step_losses.append(loss)
+        if clip_grad_norm is not None:
+            c = clip_coefficient(global_norm(total), clip_grad_norm)
+            total = {k: g * c for k, g in total.items()}
+        params, state = opt.step(params, {k: g.astype(params[k].dtype) for k, g in total.items()}, state)
+        losses.append(float(np.mean(step_losses)))
     return params, losses
 
 

@@ -188,12 +188,9 @@ plt.show()
 fig, axes = plt.subplots(1, 2, figsize=(10, 2.6), sharey=True)
 for ax, name in zip(axes, ("gpipe", "1f1b")):
     r8 = run(name, 4, 8)
-    one = r8.world.memory[0].history_by_kind()[1]["activations"]
-    per = next(int(b) for b in one if b > 0)  # bytes of one micro-batch on rank 0
+    per = r8.stages[0].micro_batch_bytes[0]  # bytes of one micro-batch on rank 0
     activations_over_time(r8.world, ax=ax, per=per, title=f"{name}: bubble {r8.bubble:.1%}")
-    peaks = [led.peak_by_kind["activations"] for led in r8.world.memory]
-    firsts = [next(int(b) for b in led.history_by_kind()[1]["activations"] if b > 0) for led in r8.world.memory]
-    print(f"{name:6s} peak micro-batches held by rank 0..3: {[round(pk / fb) for pk, fb in zip(peaks, firsts)]}; "
+    print(f"{name:6s} peak micro-batches held by rank 0..3: {[round(n) for n in r8.peak_micro_batches()]}; "
           f"predicted: {pp.in_flight(pp.schedule(name, 4, 8))}")
 plt.show()
 

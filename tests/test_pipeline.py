@@ -107,10 +107,9 @@ def test_every_schedule_is_valid_and_its_measured_bubble_is_the_formula(name):
             if name == "1f1b":
                 assert max(held) <= p and held[-1] == 1
             if name != "zb_h1":  # one micro-batch's activations, times the count held, is the peak
-                for led, n in zip(run.world.memory, held):
-                    _, by_kind = led.history_by_kind()
-                    one = next(int(b) for b in by_kind["activations"] if b > 0)
-                    assert led.peak_by_kind["activations"] == n * one
+                for led, n, stage in zip(run.world.memory, held, run.stages):
+                    one = stage.micro_batch_bytes[0]  # what F0 held, every layer's activations
+                    assert one > 0 and led.peak_by_kind["activations"] == n * one
 
 
 def test_simulation_and_emulator_agree_with_other_costs():
@@ -232,13 +231,29 @@ def test_a_schedule_that_cannot_run_is_refused_or_reported():
             pp.validate(pp.parse(text))
     with pytest.raises(ValueError, match="not an action"):
         pp.parse("F0 X1")
-    with pytest.raises(ValueError, match="must divide the batch of 2"):
+    with pytest.raises(ValueError, match="a batch of 2 sequences does not split into 3 equal micro-batches"):
         pp.run(World(3), *tiny(3), pp.schedule("1f1b", 3, 3), x, x)
     x3 = np.zeros((3, 2), dtype=np.int64)
-    with pytest.raises(ValueError, match="needs a number of blocks it divides"):
-        pp.run(World(3), *tiny(4), pp.schedule("1f1b", 3, 3), x3, x3)
+    with pytest.raises(ValueError, match="at least one block per stage"):
+        pp.run(World(3), *tiny(2), pp.schedule("1f1b", 3, 3), x3, x3)
     with pytest.raises(ValueError, match="the schedule has 3 ranks, the world 2"):
         pp.run(World(2), *tiny(3), pp.schedule("1f1b", 3, 3), x3, x3)
+
+
+def test_uneven_stages_put_the_extra_blocks_inside():
+    """Llama 3 405B's 126 layers on 16 stages: 7 on the first and last, 8 on the others."""
+    class Stub:
+        layers = [("embed", None)] + [(f"blocks.{i}", None) for i in range(126)] + [("head", None)]
+
+    runs = pp.split_layers(Stub, 16)
+    assert [len([n for n in r if n.startswith("blocks")]) for r in runs] == [7] + [8] * 14 + [7]
+    assert runs[0][0] == "embed" and runs[-1][-1] == "head"
+    assert sum(runs, []) == [n for n, _ in Stub.layers]
+    assert [len(r) for r in pp.split_layers(Stub, 2)] == [64, 64]  # 63 blocks each, plus embed / head
+    model, params = tiny(5)  # 5 blocks on 3 stages: 1, 2, 2 ... every layer once, trained as one device
+    x = np.random.default_rng(0).integers(0, 7, (3, 2))
+    run = pp.run(World(3), model, params, pp.schedule("1f1b", 3, 3), x, x)
+    assert sorted(run.grads()) == sorted(params)
 
 
 def test_compute_is_charged_from_flops():

@@ -33,13 +33,12 @@ def tiny(stages, dtype=np.float64):
     return model, model.init(np.random.default_rng(stages))
 
 
-def _activation_counts(world):
-    """Per rank: the peak of activations held, in micro-batches (the first forward's
-    bytes are one micro-batch's), and what is still held at the end."""
+def _activation_counts(run):
+    """Per rank: the peak of activations held, in micro-batches (what one micro-batch's
+    forward holds), and what is still held at the end."""
     out = []
-    for led in world.memory:
-        _, by_kind = led.history_by_kind()
-        one = next((int(b) for b in by_kind["activations"] if b > 0), 0)
+    for led, stage in zip(run.world.memory, run.stages):
+        one = stage.micro_batch_bytes.get(0, 0) if stage is not None else 0
         out.append((led.peak_by_kind["activations"] / one if one else 0, led.current["activations"]))
     return out
 
@@ -64,7 +63,7 @@ def check_one_f_one_b(fn):
         expect(abs(run.bubble - want) < 1e-9, f"{what}, p={p}, m={m}: measured bubble {run.bubble:.4f}, but 1F1B's is "
                f"(p-1)/(m+p-1) = {want:.4f}: some rank waits when it could compute; start each backward as soon as "
                f"its micro-batch has come back")
-        for r, (held, _) in enumerate(_activation_counts(world)):
+        for r, (held, _) in enumerate(_activation_counts(run)):
             limit = min(p - r, m)
             expect(held <= limit + 1e-9, f"{what}, p={p}, m={m}: rank {r} holds {held:g} micro-batches of activations "
                    f"at its peak; 1F1B holds at most p - rank = {limit} (GPipe holds all m): after p - 1 - rank "

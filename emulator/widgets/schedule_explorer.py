@@ -33,12 +33,8 @@ def schedule_explorer_model(schedule="1f1b", p=4, m=8, v=1, ratio=(1, 1, 1)):
         formula = pipeline_bubble(p, m, v, schedule=schedule, costs=ratio)
     except ValueError:
         formula = None  # outside the formula's range (ZB-H1 with W > B)
-    held, one = [], []
-    for led in world.memory:
-        _, by_kind = led.history_by_kind()
-        first = next(int(b) for b in by_kind["activations"] if b > 0)
-        held.append(led.peak_by_kind["activations"] / first)
-        one.append(first)
+    held = run.peak_micro_batches()
+    one = [stage.micro_batch_bytes[0] for stage in run.stages]
     predicted = pp.in_flight(s)
     fig, ax = new_axes(8.2, 0.45 * p + 1.4)
     gantt(world.timeline(), ax=ax, colors=ACTION_COLORS, label_events=False,

@@ -19,31 +19,31 @@ import numpy as np
 
 from ...errors import ConfigError, DeadlockError
 from ...engine.p2p import P2POp
-from ...training import local_batch
+from ...training import local_batch, split_batch
 from .actions import shape_of
 from .check import validate
 from .stage import PipelineStage
 
 
 def micro_batches(x, y, m):
-    """``m`` equal micro-batches of the batch ``(x, y)``."""
-    if m < 1 or len(x) % m:
-        raise ConfigError(f"{m} micro-batches must divide the batch of {len(x)} sequences")
-    b = len(x) // m
-    return [x[i * b:(i + 1) * b] for i in range(m)], [y[i * b:(i + 1) * b] for i in range(m)]
+    """``m`` equal micro-batches of the batch ``(x, y)``: (their inputs, their targets)."""
+    parts = split_batch(x, y, m, "micro-batches")
+    return [p[0] for p in parts], [p[1] for p in parts]
 
 
 def run_actions(comm, stage, actions, micro_x, micro_y):
     """This rank's part of one pipeline step: every action of ``actions`` in order.
     Returns the losses of the micro-batches (on the last stage; else an empty dict)."""
     m = len(micro_x)
-    shape, dtype = stage.boundary(micro_x[0])
+    stage.micro_batches = m
+    boundary = None  # shape and dtype of what arrives, once something does
     local, outgoing, sends = {}, [], []  # hand-offs between chunks of this rank; sends to post; to wait
     for a in actions:
         src = stage.source(a)
         ops = list(outgoing)
         if src is not None and src[0] != comm.rank:
-            ops.append(P2POp(comm.irecv, np.empty(shape, dtype), src[0]))
+            boundary = boundary or stage.boundary(micro_x[0])
+            ops.append(P2POp(comm.irecv, np.empty(*boundary), src[0]))
         handles = comm.batch_isend_irecv(ops) if ops else []
         sends += handles[:len(outgoing)]
         if src is None:
@@ -79,6 +79,7 @@ def blocking_loop(comm, stage, actions, micro_x, micro_y):
     """The naive loop lesson 03 provokes a deadlock with: a blocking ``recv`` before each
     action and a blocking ``send`` right after it. Right for GPipe; under 1F1B two
     neighbours send to each other at once and neither ever receives (as on NCCL)."""
+    stage.micro_batches = len(micro_x)
     for a in actions:
         src = stage.source(a)
         inbound = comm.recv(src[0]) if src else None
@@ -111,6 +112,12 @@ class PipelineRun:
     def peak_activations(self):
         """Peak bytes of activations each rank held."""
         return [led.peak_by_kind["activations"] for led in self.world.memory]
+
+    def peak_micro_batches(self):
+        """Each rank's peak of activations in micro-batches (one micro-batch: what the
+        forward of micro-batch 0 on chunk 0 held)."""
+        return [led.peak_by_kind["activations"] / s.micro_batch_bytes[0]
+                for led, s in zip(self.world.memory, self.stages)]
 
     def grads(self):
         """The gradients of the whole model, gathered from every stage."""

@@ -2,23 +2,33 @@
 activations from its forward to its backward.
 
 The model is cut into ``p * v`` virtual stages of whole layers (:func:`split_layers`):
-the blocks evenly, the embedding joined to the first and the LM head (with the loss) to
-the last, as Megatron does. Chunk ``c`` of pipeline rank ``r`` is virtual stage
-``c * p + r``.
+the blocks as evenly as they go, the embedding joined to the first and the LM head (with
+the loss) to the last, as Megatron does. Chunk ``c`` of pipeline rank ``r`` is virtual
+stage ``c * p + r``.
 
 :class:`PipelineStage` computes one action at a time and says where its messages go
 (``source``, ``destination``); the loop that receives, computes and sends is
-:func:`emulator.parallel.pipeline.executor.run_actions`. It keeps the rank's ledger:
+:func:`emulator.parallel.pipeline.executor.run_actions`. Where parameters come from and
+where gradients go is the business of its ``hooks``, the same hooks a training step gives
+a data-parallel strategy (:mod:`emulator.training`): ``params_for_forward(layer, next)``,
+``after_forward(layer)``, ``params_for_backward(layer, next)``, ``grads_ready(layer, grads,
+last)``. So DDP and ZeRO-1/2/3 run inside a stage, and a run without pipelining is a
+one-stage pipeline. Without hooks the stage keeps its layers' parameters and sums their
+gradients itself (:class:`LocalParams`).
 
-* ``activations``: everything a chunk's forward cached for a micro-batch, held from ``F``
-  until the loop calls :meth:`PipelineStage.free` once its backward is done (``B``, or
-  ``W`` when the backward is split: the weight gradient needs the layers' inputs; the
-  output gradients ``B`` keeps for ``W`` are held too, under ``grad-out``);
-* ``params`` and ``grads`` of its own layers only.
+It keeps the rank's ledger of ``activations``: what each layer's forward cached for a
+micro-batch, held from ``F`` until the loop calls :meth:`PipelineStage.free` once the
+micro-batch's backward is done (``B``, or ``W`` when the backward is split: the weight
+gradient needs the layers' inputs; the output gradients ``B`` keeps for ``W`` are held
+too, under ``grad-out``). With ``release="layer"`` each layer's activations go as soon as
+its own backward is done, as autograd frees saved tensors while backward proceeds (the
+training loop's behaviour). With ``recompute="full"`` a layer keeps only its input and
+runs its forward again in backward.
 
-Compute is charged from each layer's FLOPs, or, with ``costs=(t_f, t_b, t_w)``, as fixed
-seconds per whole stage (a chunk's action takes ``1/v`` of it): equal stages, to compare
-schedules with their formulas.
+Compute is charged layer by layer from each layer's FLOPs (so a strategy's communication
+overlaps the layers still computing), or, with ``costs=(t_f, t_b, t_w)``, as fixed seconds
+per whole stage (a chunk's action takes ``1/v`` of it): equal stages, to compare schedules
+with their formulas.
 """
 
 import numpy as np
@@ -26,55 +36,120 @@ import numpy as np
 from ... import nn
 from ...errors import ConfigError
 from ...nn.module import sub
-from ...training import upcast
+from ...nn.precision import upcast
 from .actions import place_of, stage_of
 
 
 def split_layers(model, parts):
-    """``model.layers`` cut into ``parts`` contiguous runs of layer names: transformer
-    blocks evenly (their number must divide), an ``embed`` layer with the first and a
-    ``head`` with the last; a model without them has its layers split evenly."""
+    """``model.layers`` cut into ``parts`` contiguous runs of layer names: an ``embed`` layer
+    with the first and a ``head`` with the last; the transformer blocks as evenly as they
+    go, the extra ones on the inner stages first (the outer stages also hold the embedding
+    and the output layer: Llama 3 405B's 126 layers on 16 stages are 7, 8 x 14, 7)."""
     names = [n for n, _ in model.layers]
     first = names[:1] if names and names[0] == "embed" else []
     last = names[-1:] if len(names) > 1 and names[-1] == "head" else []
     middle = names[len(first):len(names) - len(last)]
-    if not isinstance(parts, int) or parts < 1 or len(middle) % parts or not middle:
-        raise ConfigError(f"a pipeline of {parts} stage(s) (p x v) needs a number of blocks it divides; the model "
+    if not isinstance(parts, (int, np.integer)) or parts < 1 or parts > len(middle):
+        raise ConfigError(f"a pipeline of {parts} stage(s) (p x v) needs at least one block per stage; the model "
                           f"has {len(middle)} ({', '.join(middle[:4])}{', ...' if len(middle) > 4 else ''}). "
-                          f"Pick a model with a multiple of {parts} layers, or fewer stages")
-    k = len(middle) // parts
-    runs = [middle[i * k:(i + 1) * k] for i in range(parts)]
+                          f"Pick fewer stages or a deeper model")
+    base, extra = divmod(len(middle), parts)
+    counts = [base] * parts
+    order = list(range(1, parts - 1)) + [0, parts - 1] if parts > 2 else list(range(parts))
+    for s in order[:extra]:
+        counts[s] += 1
+    bounds = np.cumsum([0] + counts)
+    runs = [middle[bounds[i]:bounds[i + 1]] for i in range(parts)]
     runs[0] = first + runs[0]
     runs[-1] = runs[-1] + last
     return runs
 
 
+class LocalParams:
+    """Hooks for a stage that holds its layers' parameters (held in the ledger as
+    ``params``) and sums their gradients over micro-batches (``grads``, per layer)."""
+
+    def __init__(self, memory, params_by_layer):
+        self.memory, self.params, self.grads = memory, params_by_layer, {}
+        memory.hold("params", self.params, "params")
+
+    def params_for_forward(self, name, upcoming):
+        return self.params[name]
+
+    def after_forward(self, name):
+        pass
+
+    def params_for_backward(self, name, upcoming):
+        return self.params[name]
+
+    def grads_ready(self, name, grads, last):
+        if name in self.grads:
+            for k, g in grads.items():
+                self.grads[name][k] += g
+        else:
+            self.grads[name] = grads
+            self.memory.hold(f"grads {name}", grads, "grads")
+
+
 class PipelineStage:
     """Pipeline rank ``comm.rank`` of ``comm.size``, holding ``v`` chunks of ``model``.
 
-    ``params`` are the full model's (every rank starts from the same); the stage keeps
-    its layers' only. ``micro_x``, ``micro_y``: the micro-batches' inputs and targets (the
-    first stage reads the inputs, the last the targets). ``split``: whether the schedule
-    has ``W`` actions (then ``B`` computes the input gradient only)."""
+    ``model`` has ``layers`` (a list of ``(name, module)``); optionally ``boundary(shape)``
+    (the shape of what one layer hands the next for a micro-batch of token ids of that
+    shape), ``loss(out, y)`` and ``loss_backward(cache, scale)`` (default: cross-entropy
+    on logits). ``params`` are the model's (full or this rank's; the stage takes its own
+    layers'); ``hooks`` replace them (see the module docstring). ``split``: whether the
+    schedule has ``W`` actions (then ``B`` computes the input gradient only).
+    ``aux_factor``: the auxiliary losses' gradient is scaled by ``scale * aux_factor``
+    (context parallelism: the loss is scaled for cp ranks, each auxiliary loss is not)."""
 
-    def __init__(self, comm, model, params, v=1, split=False, costs=None):
+    def __init__(self, comm, model, params=None, v=1, split=False, costs=None, hooks=None, recompute="none",
+                 label=None, aux_factor=1.0, release="micro-batch"):
         self.comm, self.model, self.v, self.split = comm, model, v, split
         self.p, self.rank = comm.size, comm.rank
         self.memory = comm.memory
         runs = split_layers(model, self.p * v)
         modules = dict(model.layers)
         self.chunks = [[(n, modules[n]) for n in runs[stage_of(self.p, self.rank, c)]] for c in range(v)]
-        self.params = {n: sub(params, n) for chunk in self.chunks for n, _ in chunk}
-        self.memory.hold("params", self.params, "params")
-        self.grads = {}
+        self.names = [n for chunk in self.chunks for n, _ in chunk]
+        if recompute not in ("none", "selective", "full"):
+            raise ConfigError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
+        self.recompute = recompute == "full"  # selective recomputation happens inside the blocks
+        if release not in ("micro-batch", "layer"):
+            raise ConfigError(f"release must be 'micro-batch' or 'layer', got {release!r}")
+        self.release_by_layer = release == "layer"
+        if hooks is None:
+            if params is None:
+                raise ConfigError("PipelineStage needs the model's params, or hooks that provide them")
+            hooks = LocalParams(self.memory, {n: sub(params, n) for n in self.names})
+        self.hooks = hooks
         self.costs = None if costs is None else tuple(float(c) for c in costs)
         if self.costs is not None and (len(self.costs) != 3 or min(self.costs) < 0):
             raise ConfigError(f"costs=(t_f, t_b, t_w) are three non-negative seconds per stage, got {costs!r}")
-        self.saved = {}  # (mb, chunk) -> (inputs per layer, caches per layer)
-        self.grad_out = {}  # (mb, chunk) -> output gradient per layer, kept from B for W
+        self.label = label or (lambda action, layer, what: str(action))
+        self.aux_factor = aux_factor
+        self.saved = {}  # (mb, chunk) -> {layer: (input, cache)}
+        self.grad_out = {}  # (mb, chunk) -> {layer: output gradient}, kept from B for W
         self.losses = {}
         self.backward_done = set()  # (mb, chunk) whose weight gradients are in, activations not yet freed
         self.done = []  # the actions computed so far, in order
+        self.weights_done = {}  # (chunk, layer) -> micro-batches whose weight gradients are in
+        self.micro_batches = None  # set by the loop that runs the schedule
+        self.micro_batch_bytes = {}  # chunk -> activation bytes one micro-batch's forward holds
+
+    @property
+    def params(self):
+        """This stage's parameters by layer (when the stage keeps them itself)."""
+        return self.hooks.params
+
+    @property
+    def grads(self):
+        """This stage's summed gradients by layer (when the stage keeps them itself)."""
+        return self.hooks.grads
+
+    @grads.setter
+    def grads(self, value):
+        self.hooks.grads = value
 
     # ----------------------------------------------------------------- where messages go
     def virtual_stage(self, chunk):
@@ -107,61 +182,102 @@ class PipelineStage:
 
     def boundary(self, micro_x):
         """Shape and dtype of what crosses a stage boundary for one micro-batch."""
-        return tuple(np.shape(micro_x)) + (self.model.d_model,), np.dtype(self.model.dtype)
+        shape = tuple(np.shape(micro_x))
+        if hasattr(self.model, "boundary"):
+            return self.model.boundary(shape)
+        return shape + (self.model.d_model,), np.dtype(self.model.dtype)
 
     # ----------------------------------------------------------------- compute
-    def _charge(self, kind, chunk, flops):
-        """Compute time of an action: ``flops()`` at the device's peak, or the fixed costs."""
+    def _charge(self, action, layer, what, flops, share):
+        """Compute time of one layer's part of an action: its FLOPs at the device's rate,
+        or ``share`` of the stage's fixed cost."""
+        name = self.label(action, layer, what)
         if self.costs is None:
-            self.comm.compute(flops=flops(), name=kind)
+            self.comm.compute(flops=flops, name=name)
         else:
             t_f, t_b, t_w = self.costs
-            t = {"F": t_f, "B": t_b if self.split else t_b + t_w, "W": t_w}[kind[0]]
-            self.comm.compute(seconds=t / self.v, name=kind)
+            t = {"F": t_f, "B": t_b if self.split else t_b + t_w, "W": t_w}[what]
+            self.comm.compute(seconds=t * share / self.v, name=name)
+
+    def _upcoming(self, chunk, i, step):
+        j = i + step
+        return chunk[j][0] if 0 <= j < len(chunk) else None
 
     def forward(self, action, x, y=None):
         """``F``: run the chunk's layers on ``x``; on the last stage also the loss (mean
-        over the micro-batch's tokens, scaled by ``1/m`` by the caller's ``scale``).
+        over the micro-batch's tokens, scaled by the caller's ``scale`` in backward).
         Returns the output to send on, or the loss on the last stage."""
         mb, c = action.microbatch, action.chunk
-        inputs, caches, h = [], [], x
-        for name, layer in self.chunks[c]:
-            inputs.append(h)
-            h, cache = layer.forward(upcast(self.params[name]), h)
-            caches.append(cache)
-        self._charge(str(action), c, lambda: sum(layer.flops(np.shape(h_in))["forward"]
-                                                 for (_, layer), h_in in zip(self.chunks[c], inputs)))
-        self.memory.hold(f"act {mb}.{c}", caches, "activations")
-        self.saved[(mb, c)] = (inputs, caches)
+        chunk, saved, h = self.chunks[c], {}, x
+        held_before = self.memory.current["activations"]
+        for i, (name, layer) in enumerate(chunk):
+            p = upcast(self.hooks.params_for_forward(name, self._upcoming(chunk, i, 1)))
+            flops = layer.flops(np.shape(h))["forward"]
+            out, cache = layer.forward(p, h)
+            self._charge(action, name, "F", flops, 1 / len(chunk))
+            self.hooks.after_forward(name)
+            kept = None if self.recompute else cache
+            self.memory.hold(f"act {mb}.{c} {name}", h if self.recompute else cache, "activations")
+            saved[name] = (h, kept)
+            h = out
+        self.saved[(mb, c)] = saved
+        self.micro_batch_bytes.setdefault(c, self.memory.current["activations"] - held_before)
         self.done.append(action)
         if not self.is_last(c):
             return h
-        loss, lcache = nn.cross_entropy(h, y)
+        loss, lcache = self._loss(h, y)
         self.losses[mb] = loss
-        self.saved[(mb, c)] += (lcache,)
+        saved["loss"] = lcache
         return loss
+
+    def _loss(self, out, y):
+        if hasattr(self.model, "loss"):
+            return self.model.loss(out, y)
+        return nn.cross_entropy(out, y)
+
+    def _loss_backward(self, cache, scale):
+        if hasattr(self.model, "loss_backward"):
+            return self.model.loss_backward(cache, scale)
+        return nn.cross_entropy_backward(cache, scale)
 
     def backward(self, action, dy=None, scale=1.0):
         """``B``: the input gradient through the chunk's layers, from ``dy`` (or from the
         loss on the last stage, times ``scale``); with an unsplit schedule the weight
-        gradients too. Returns the gradient to send back (None on the first stage)."""
+        gradients too, layer by layer. Returns the gradient to send back (None on the
+        first stage)."""
         mb, c = action.microbatch, action.chunk
-        inputs, caches, *loss = self._saved(mb, c)
-        if loss:
-            dy = nn.cross_entropy_backward(loss[0], scale)
-        outs = [None] * len(caches)
-        for i in reversed(range(len(caches))):
-            name, layer = self.chunks[c][i]
-            outs[i] = dy
-            dy = layer.backward_input(upcast(self.params[name]), caches[i], dy)
-        kinds = ("backward_input",) if self.split else ("backward_input", "backward_weight")
-        self._charge(str(action), c, lambda: self._flops(c, inputs, kinds))
+        saved = self._saved(mb, c)
+        if "loss" in saved:
+            dy = self._loss_backward(saved.pop("loss"), scale)
+        chunk, outs = self.chunks[c], {}
+        for i in reversed(range(len(chunk))):
+            name, layer = chunk[i]
+            raw = self.hooks.params_for_backward(name, self._upcoming(chunk, i, -1))
+            p = upcast(raw)
+            x, cache = saved[name]
+            flops = layer.flops(np.shape(x))
+            if cache is None:  # full recomputation: the layer's forward again
+                _, cache = layer.forward(p, x)
+                if self.costs is None:
+                    self.comm.compute(flops=flops["forward"], name=self.label(action, name, "F'"))
+            nn.scale_aux_loss(cache, scale * self.aux_factor)
+            outs[name] = dy
+            dx = layer.backward_input(p, cache, dy)
+            if self.split:  # W needs the cache, and the parameters the hooks gave (held until then)
+                saved[name] = (x, cache, raw)
+                self._charge(action, name, "B", flops["backward_input"], 1 / len(chunk))
+            else:
+                grads = layer.backward_weight(p, cache, dy)
+                self._charge(action, name, "B", flops["backward_input"] + flops["backward_weight"], 1 / len(chunk))
+                self._release_layer(mb, c, name)
+                self._grads_ready(mb, c, name, raw, grads)
+            dy = dx
         self.done.append(action)
         if self.split:
             self.grad_out[(mb, c)] = outs
             self.memory.hold(f"grad-out {mb}.{c}", outs, "activations")
         else:
-            self._weights(mb, c, outs)
+            self.backward_done.add((mb, c))
         return dy
 
     def backward_weight(self, action):
@@ -172,25 +288,31 @@ class PipelineStage:
                               f"weight gradient needs the output gradients that B computes")
         outs = self.grad_out.pop((mb, c))
         self.memory.release(f"grad-out {mb}.{c}")
-        inputs = self._saved(mb, c)[0]
-        self._charge(str(action), c, lambda: self._flops(c, inputs, ("backward_weight",)))
+        saved, chunk = self._saved(mb, c), self.chunks[c]
+        for name, layer in reversed(chunk):
+            x, cache, raw = saved[name]
+            grads = layer.backward_weight(upcast(raw), cache, outs[name])
+            self._charge(action, name, "W", layer.flops(np.shape(x))["backward_weight"], 1 / len(chunk))
+            self._release_layer(mb, c, name)
+            self._grads_ready(mb, c, name, raw, grads)
         self.done.append(action)
-        self._weights(mb, c, outs)
-
-    def _flops(self, c, inputs, kinds):
-        return sum(layer.flops(np.shape(x))[k] for (_, layer), x in zip(self.chunks[c], inputs) for k in kinds)
-
-    def _weights(self, mb, c, outs):
-        _, caches, *_ = self._saved(mb, c)
-        for (name, layer), cache, dy in zip(self.chunks[c], caches, outs):
-            g = layer.backward_weight(upcast(self.params[name]), cache, dy)
-            if name in self.grads:
-                for k, v in g.items():
-                    self.grads[name][k] += v
-            else:
-                self.grads[name] = g
-                self.memory.hold(f"grads {name}", g, "grads")
         self.backward_done.add((mb, c))
+
+    def _release_layer(self, mb, c, name):
+        if self.release_by_layer:
+            self.memory.release(f"act {mb}.{c} {name}")
+
+    def _grads_ready(self, mb, c, name, params, grads):
+        """Hand a layer's gradients of micro-batch ``mb`` to the hooks, in its parameters'
+        dtypes (bf16 gradients for bf16 parameters); ``last`` once every micro-batch's are
+        in (DDP reduces only then)."""
+        grads = {k: g.astype(params[k].dtype, copy=False) for k, g in grads.items()}
+        done = self.weights_done.setdefault((c, name), set())
+        done.add(mb)
+        last = len(done) == self.micro_batches
+        if last:
+            del self.weights_done[(c, name)]
+        self.hooks.grads_ready(name, grads, last)
 
     def _saved(self, mb, c):
         if (mb, c) not in self.saved:
@@ -204,15 +326,17 @@ class PipelineStage:
         return action.kind == ("W" if self.split else "B")
 
     def free(self, action):
-        """Release the activations of ``action``'s micro-batch and chunk (after the
-        action that :meth:`finishes_backward`)."""
+        """Release the activations of ``action``'s micro-batch and chunk (after the action
+        that :meth:`finishes_backward`)."""
         mb, c = action.microbatch, action.chunk
         if (mb, c) not in self.backward_done:
             raise ConfigError(f"rank {self.comm.global_rank}: free({action}) before the backward of micro-batch {mb} "
                               f"on chunk {c} is done; its {'W' if self.split else 'B'} still needs the activations")
         self.backward_done.discard((mb, c))
-        del self.saved[(mb, c)]
-        self.memory.release(f"act {mb}.{c}")
+        saved = self.saved.pop((mb, c))
+        if not self.release_by_layer:
+            for name in saved:
+                self.memory.release(f"act {mb}.{c} {name}")
 
     def flat_params(self):
         """This stage's parameters as ``{"layer.key": array}``."""
