@@ -1,6 +1,8 @@
 """What every data-parallel strategy shares: its group, the model's layers and their flat
 layouts, the optimizer, and what it holds in the rank's ledger."""
 
+import numpy as np
+
 from ..nn.module import sub
 from .flat_layout import layouts
 
@@ -8,13 +10,21 @@ from .flat_layout import layouts
 class DataParallelStrategy:
     """Base of DDP and the ZeRO stages. ``comm`` is the data-parallel group (the world, or
     a mesh axis such as ``comm.group("dp")``). Subclasses set ``zero_stage`` and define
-    ``grads_ready`` and ``step``; the hooks here serve full, replicated parameters."""
+    ``grads_ready`` and either ``step`` or, split in two so that gradient clipping fits
+    between them, ``reduce_grads`` (finish the reduction) and ``apply`` (update). The
+    hooks here serve full, replicated parameters.
+
+    ``average=True``: each rank's loss is the mean over its own examples, and the reduced
+    gradient is divided by the group size. ``average=False``: the loss was already scaled
+    for the whole group (as the mesh runtime scales it once, for every data-parallel and
+    context-parallel rank and micro-batch), and gradients are summed."""
 
     zero_stage = None
 
-    def __init__(self, comm, model, params, opt):
+    def __init__(self, comm, model, params, opt, average=True):
         self.comm, self.model, self.opt = comm, model, opt
         self.memory = comm.memory
+        self.divisor = comm.size if average else 1
         self.names = [name for name, _ in model.layers]
         self.layouts = layouts(model, params, comm.size)
         self.full = {name: sub(params, name) for name in self.names}  # this rank's full params, if any
@@ -33,6 +43,20 @@ class DataParallelStrategy:
         raise NotImplementedError
 
     def step(self):
+        """After the whole batch: reduce, then update."""
+        self.reduce_grads()
+        self.apply()
+
+    def reduce_grads(self):
+        raise NotImplementedError
+
+    def apply(self, grad_scale=1.0):
+        raise NotImplementedError
+
+    def owned_grads(self):
+        """After :meth:`reduce_grads`: ``(layer, key, gradient or a piece of it)`` for every
+        reduced gradient this rank holds, and how many ranks of the group hold the same
+        piece (DDP: all of them; ZeRO: each piece is one rank's). For the global norm."""
         raise NotImplementedError
 
     # ----------------------------------------------------------------- results
@@ -49,6 +73,19 @@ class DataParallelStrategy:
     # ----------------------------------------------------------------- helpers
     def my_slice(self, name, flat):
         return self.layouts[name].shard(flat, self.comm.rank, self.comm.size)
+
+    def slice_pieces(self, name, flat_slice):
+        """(layer, key, piece) for the parameters that this rank's slice of a layer's flat
+        vector covers (the padding left out)."""
+        lay, n, r = self.layouts[name], self.comm.size, self.comm.rank
+        lo, hi = r * lay.padded // n, (r + 1) * lay.padded // n
+        for key, off, shape in zip(lay.names, lay.offsets, lay.shapes):
+            a, b = max(lo, off), min(hi, off + int(np.prod(shape)))
+            if a < b:
+                yield name, key, flat_slice[a - lo:b - lo]
+
+    def sliced_owned_grads(self, slices):
+        return [piece for name in self.names for piece in self.slice_pieces(name, slices[name])], 1
 
     def hold_full_params(self):
         if self.memory.holds("params"):
@@ -71,7 +108,7 @@ class DataParallelStrategy:
         full gradient."""
         flat = self.layouts[name].flatten(grads)
         self.memory.hold(f"fullgrad:{name}", flat, "buffers")
-        mine = self.comm.reduce_scatter(flat) / self.comm.size
+        mine = self.comm.reduce_scatter(flat) / self.divisor
         self.memory.release(f"fullgrad:{name}")
         if name in grad_shards:
             grad_shards[name] += mine

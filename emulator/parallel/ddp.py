@@ -20,8 +20,8 @@ from .base import DataParallelStrategy
 class DDP(DataParallelStrategy):
     zero_stage = 0
 
-    def __init__(self, comm, model, params, opt, bucket_bytes=None):
-        super().__init__(comm, model, params, opt)
+    def __init__(self, comm, model, params, opt, bucket_bytes=None, average=True):
+        super().__init__(comm, model, params, opt, average)
         self.hold_full_params()
         self.state = opt.init(params)
         self.memory.hold("optimizer", self.state, "optimizer")
@@ -64,14 +64,21 @@ class DDP(DataParallelStrategy):
             if last and bucket[-1][0] == name:  # complete: reduce it while backward goes on
                 self.pending[i] = self.comm.all_reduce(self.flat[i], async_op=True)
 
-    def step(self):
-        mean = {}
+    def reduce_grads(self):
+        self.mean = []  # (layer, key, mean gradient); the buckets stay held until the update
         for i, bucket in enumerate(self.buckets):
-            reduced = self.pending.pop(i).wait() / self.comm.size
+            reduced = self.pending.pop(i).wait() / self.divisor
             for layer, key, off, numel in bucket:
-                mean[f"{layer}.{key}"] = reduced[off:off + numel].reshape(self.full[layer][key].shape)
+                self.mean.append((layer, key, reduced[off:off + numel].reshape(self.full[layer][key].shape)))
+
+    def owned_grads(self):
+        return self.mean, self.comm.size
+
+    def apply(self, grad_scale=1.0):
+        grads = {f"{layer}.{key}": g * grad_scale if grad_scale != 1.0 else g for layer, key, g in self.mean}
+        new, self.state = self.opt.step(self.params(), grads, self.state)
+        for i in range(len(self.buckets)):
             self.memory.release(f"grads:bucket{i}")
-            del self.flat[i]
-        new, self.state = self.opt.step(self.params(), mean, self.state)
+        self.flat, self.mean = {}, None
         self.full = {name: {k: new[f"{name}.{k}"] for k in self.full[name]} for name in self.names}
         self.hold_full_params()

@@ -13,11 +13,11 @@ from .base import DataParallelStrategy
 class ZeRO1(DataParallelStrategy):
     zero_stage = 1
 
-    def __init__(self, comm, model, params, opt):
-        super().__init__(comm, model, params, opt)
+    def __init__(self, comm, model, params, opt, average=True):
+        super().__init__(comm, model, params, opt, average)
         self.hold_full_params()
         self.state = self.sharded_optimizer(self.slices_of_full())
-        self.grads = {}
+        self.grads, self.grad_slices = {}, {}
 
     def grads_ready(self, name, grads, last):
         if name in self.grads:  # accumulating over micro-batches
@@ -26,16 +26,38 @@ class ZeRO1(DataParallelStrategy):
         self.grads[name] = grads
         self.memory.hold(f"grads:{name}", grads, "grads")
 
-    def step(self):
-        n = self.comm.size
+    def step(self):  # layer by layer: reduce-scatter, update, all-gather
         for name in self.names:
-            lay = self.layouts[name]
-            g = self.comm.reduce_scatter(lay.flatten(self.grads.pop(name))) / n  # mean gradient of my slice
-            self.memory.release(f"grads:{name}")
-            mine = self.my_slice(name, lay.flatten(self.full[name]))
-            new, self.state[name] = self.opt.step({"flat": mine}, {"flat": g}, self.state[name])
-            self.full[name] = lay.unflatten(self.comm.all_gather(new["flat"]))
+            self._reduce(name)
+            self._update(name, 1.0)
         self.hold_full_params()
+
+    def reduce_grads(self):
+        for name in self.names:
+            self._reduce(name)
+
+    def owned_grads(self):
+        return self.sliced_owned_grads(self.grad_slices)
+
+    def apply(self, grad_scale=1.0):
+        for name in self.names:
+            self._update(name, grad_scale)
+        self.hold_full_params()
+
+    def _reduce(self, name):
+        flat = self.layouts[name].flatten(self.grads.pop(name))
+        self.grad_slices[name] = self.comm.reduce_scatter(flat) / self.divisor  # the gradient of my slice
+        self.memory.release(f"grads:{name}")
+        self.memory.hold(f"grads:{name}", self.grad_slices[name], "grads")
+
+    def _update(self, name, grad_scale):
+        lay = self.layouts[name]
+        g = self.grad_slices.pop(name)
+        self.memory.release(f"grads:{name}")
+        mine = self.my_slice(name, lay.flatten(self.full[name]))
+        new, self.state[name] = self.opt.step({"flat": mine}, {"flat": g * grad_scale if grad_scale != 1.0 else g},
+                                              self.state[name])
+        self.full[name] = lay.unflatten(self.comm.all_gather(new["flat"]))
 
     def shards(self):
         return self.slices_of_full()

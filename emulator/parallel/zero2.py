@@ -13,8 +13,8 @@ from .base import DataParallelStrategy
 class ZeRO2(DataParallelStrategy):
     zero_stage = 2
 
-    def __init__(self, comm, model, params, opt):
-        super().__init__(comm, model, params, opt)
+    def __init__(self, comm, model, params, opt, average=True):
+        super().__init__(comm, model, params, opt, average)
         self.hold_full_params()
         self.state = self.sharded_optimizer(self.slices_of_full())
         self.grad_shards = {}
@@ -22,11 +22,18 @@ class ZeRO2(DataParallelStrategy):
     def grads_ready(self, name, grads, last):
         self.reduce_scatter_grads(name, grads, self.grad_shards)
 
-    def step(self):
+    def reduce_grads(self):
+        pass  # reduce-scattered as backward went
+
+    def owned_grads(self):
+        return self.sliced_owned_grads(self.grad_shards)
+
+    def apply(self, grad_scale=1.0):
         for name in self.names:
             lay = self.layouts[name]
             mine = self.my_slice(name, lay.flatten(self.full[name]))
-            new, self.state[name] = self.opt.step({"flat": mine}, {"flat": self.grad_shards.pop(name)},
+            g = self.grad_shards.pop(name)
+            new, self.state[name] = self.opt.step({"flat": mine}, {"flat": g * grad_scale if grad_scale != 1.0 else g},
                                                   self.state[name])
             self.memory.release(f"grads:{name}")
             self.full[name] = lay.unflatten(self.comm.all_gather(new["flat"]))

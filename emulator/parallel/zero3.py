@@ -16,8 +16,8 @@ from .base import DataParallelStrategy
 class ZeRO3(DataParallelStrategy):
     zero_stage = 3
 
-    def __init__(self, comm, model, params, opt, prefetch=False):
-        super().__init__(comm, model, params, opt)
+    def __init__(self, comm, model, params, opt, prefetch=False, average=True):
+        super().__init__(comm, model, params, opt, average)
         self.prefetch = prefetch
         self.my = self.slices_of_full()
         self.full = None
@@ -25,32 +25,50 @@ class ZeRO3(DataParallelStrategy):
         self.state = self.sharded_optimizer(self.my)
         self.grad_shards = {}
         self.pending = {}  # layer -> handle of its all-gather, started early
+        self.gathered = {}  # layer -> [its full parameters, how many users still hold them]
 
     def _gather(self, name, upcoming):
+        if name in self.gathered:  # still held (a split backward's W has not run yet): share it
+            self.gathered[name][1] += 1
+            return self.gathered[name][0]
         h = self.pending.pop(name, None) or self.comm.all_gather(self.my[name], async_op=True)
-        if self.prefetch and upcoming is not None and upcoming not in self.pending:
+        if self.prefetch and upcoming is not None and upcoming not in self.pending and upcoming not in self.gathered:
             self.pending[upcoming] = self.comm.all_gather(self.my[upcoming], async_op=True)
         full = h.wait()
         self.memory.hold(f"gathered:{name}", full, "buffers")
-        return self.layouts[name].unflatten(full)
+        self.gathered[name] = [self.layouts[name].unflatten(full), 1]
+        return self.gathered[name][0]
+
+    def _done_with(self, name):
+        self.gathered[name][1] -= 1
+        if not self.gathered[name][1]:
+            del self.gathered[name]
+            self.memory.release(f"gathered:{name}")
 
     def params_for_forward(self, name, upcoming):
         return self._gather(name, upcoming)
 
     def after_forward(self, name):
-        self.memory.release(f"gathered:{name}")
+        self._done_with(name)
 
     def params_for_backward(self, name, upcoming):
         return self._gather(name, upcoming)
 
     def grads_ready(self, name, grads, last):
-        self.memory.release(f"gathered:{name}")
+        self._done_with(name)
         self.reduce_scatter_grads(name, grads, self.grad_shards)
 
-    def step(self):
+    def reduce_grads(self):
+        pass  # reduce-scattered as backward went
+
+    def owned_grads(self):
+        return self.sliced_owned_grads(self.grad_shards)
+
+    def apply(self, grad_scale=1.0):
         for name in self.names:
-            new, self.state[name] = self.opt.step({"flat": self.my[name]}, {"flat": self.grad_shards.pop(name)},
-                                                  self.state[name])
+            g = self.grad_shards.pop(name)
+            new, self.state[name] = self.opt.step({"flat": self.my[name]},
+                                                  {"flat": g * grad_scale if grad_scale != 1.0 else g}, self.state[name])
             self.memory.release(f"grads:{name}")
             self.my[name] = new["flat"]
         self.memory.release("params")
