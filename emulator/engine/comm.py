@@ -104,11 +104,19 @@ class Comm(PointToPoint):
         return Comm(self._world, self.global_rank, ranks, str(sorted(ranks)))
 
     # ----------------------------------------------------------------- compute
-    def compute(self, flops=None, seconds=None, name="compute"):
-        """Advance this rank's compute clock by ``flops / peak`` or by ``seconds``."""
-        if (flops is None) == (seconds is None):
-            raise ConfigError(f"rank {self.global_rank}: compute() takes flops= or seconds=, exactly one")
-        dur = seconds if seconds is not None else flops / self._world.topology.flops
+    def compute(self, flops=None, seconds=None, name="compute", kernel=None, kernels=None):
+        """Advance this rank's compute clock: by ``flops`` at the device's peak, by
+        ``seconds``, or by the time the topology's device takes for a ``kernel`` (or a list
+        of ``kernels``; see :mod:`emulator.machine.kernels`)."""
+        if kernel is not None:
+            kernels = [kernel]
+        if sum(v is not None for v in (flops, seconds, kernels)) != 1:
+            raise ConfigError(f"rank {self.global_rank}: compute() takes flops=, seconds= or kernel(s)=, exactly one")
+        if kernels is not None:
+            device = self._world.topology.device
+            dur = sum(device.time(k) for k in kernels)
+        else:
+            dur = seconds if seconds is not None else flops / self._world.topology.flops
         if not dur >= 0:
             raise ConfigError(f"rank {self.global_rank}: compute() got a negative duration ({dur})")
         self._world.clock.advance(self.global_rank, dur, name)

@@ -56,6 +56,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..errors import ConfigError
+from .device import Device
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ class Topology:
     channels: int = None
     flops: float = H100_BF16_FLOPS
     name: str = field(default="H100 nodes", compare=False)
+    device: Device = None
 
     def __post_init__(self):
         g = self.gpus_per_node
@@ -123,6 +125,8 @@ class Topology:
         object.__setattr__(self, "channels", int(channels))
         if not self.flops > 0:
             raise ConfigError(f"Topology: flops must be positive, got {self.flops!r}")
+        if self.device is None:  # FLOPs at the peak rate, as comm.compute(flops=...) charges them
+            object.__setattr__(self, "device", Device.ideal_device(self.flops))
 
     # ----------------------------------------------------------------- presets
     @classmethod
