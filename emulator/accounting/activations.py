@@ -34,6 +34,9 @@ as^2 b terms in backward (5 as/h gone); full recomputation keeps only the layer'
 from ..errors import ConfigError
 
 RECOMPUTE = ("none", "selective", "full")
+TERMS = ("LayerNorm 1 input", "q, k, v projections' input", "Q and K", "softmax output", "softmax dropout mask",
+         "dropout output (times V)", "V", "output projection input", "attention dropout mask", "LayerNorm 2 input",
+         "fc1 input", "GELU input", "fc2 input", "MLP dropout mask", "layer input")
 
 
 def _check(s, b, h, a=None, t=1):

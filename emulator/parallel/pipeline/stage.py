@@ -111,6 +111,7 @@ class PipelineStage:
         runs = split_layers(model, self.p * v)
         modules = dict(model.layers)
         self.chunks = [[(n, modules[n]) for n in runs[stage_of(self.p, self.rank, c)]] for c in range(v)]
+        self.modules = modules
         self.names = [n for chunk in self.chunks for n, _ in chunk]
         if recompute not in ("none", "selective", "full"):
             raise ConfigError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
@@ -189,11 +190,13 @@ class PipelineStage:
 
     # ----------------------------------------------------------------- compute
     def _charge(self, action, layer, what, flops, share):
-        """Compute time of one layer's part of an action: its FLOPs at the device's rate,
-        or ``share`` of the stage's fixed cost."""
+        """Compute time of one layer's part of an action: its FLOPs at the device's rate
+        (unless the layer charges its own kernels as it runs), or ``share`` of the stage's
+        fixed cost."""
         name = self.label(action, layer, what)
         if self.costs is None:
-            self.comm.compute(flops=flops, name=name)
+            if not getattr(self.modules[layer], "charges_itself", False):
+                self.comm.compute(flops=flops, name=name)
         else:
             t_f, t_b, t_w = self.costs
             t = {"F": t_f, "B": t_b if self.split else t_b + t_w, "W": t_w}[what]
@@ -258,7 +261,7 @@ class PipelineStage:
             flops = layer.flops(np.shape(x))
             if cache is None:  # full recomputation: the layer's forward again
                 _, cache = layer.forward(p, x)
-                if self.costs is None:
+                if self.costs is None and not getattr(layer, "charges_itself", False):
                     self.comm.compute(flops=flops["forward"], name=self.label(action, name, "F'"))
             nn.scale_aux_loss(cache, scale * self.aux_factor)
             outs[name] = dy

@@ -1,0 +1,174 @@
+"""The core of attention, o = softmax(q k^T / sqrt(dh) + mask) v, three ways a block can
+run it, each with a forward and a backward (input gradients only: the core has no
+weights). Shapes: q (b, heads, s, dh); k, v (b, kv_heads, s, dh) (grouped-query attention:
+each K/V head serves ``heads / kv_heads`` query heads; see :func:`emulator.nn.attention.repeat_kv`).
+
+* :class:`DenseCore`: this rank's heads over its whole sequence (tensor parallelism gives a
+  rank whole heads; nothing to send). It can drop attention probabilities (the mask drawn
+  by global position, so a rank's heads draw what one device draws) and, with
+  ``recompute="selective"``, keep Q, K and V only and recompute the softmax in backward.
+* :class:`RingCore`: context parallelism; the sequence is split over the ``cp`` group and
+  K/V travel around the ring (:mod:`emulator.parallel.context_parallel.ring`).
+* :class:`UlyssesCore`: context parallelism by all-to-all (DeepSpeed-Ulysses): "my
+  positions, every head" becomes "every position, my heads", ordinary attention runs on
+  ``heads / cp`` heads, a second all-to-all turns the output back.
+
+Each charges its compute on the rank's clock itself (between its messages), as a fused
+attention kernel (:func:`emulator.machine.kernels.attention`).
+"""
+
+import math
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..machine.kernels import attention as attention_kernel
+from ..nn.attention import repeat_kv, sum_kv
+from ..nn.attention_core import softmax
+from ..nn.dropout import apply as drop, dropout_mask
+from .context_parallel import layout as cp_layout
+from .context_parallel.ring import ring_attention, ring_attention_backward
+
+
+def causal_fraction(s_q_positions, s_k_positions):
+    """Share of (query, key) pairs a causal mask keeps."""
+    return float(np.mean(np.asarray(s_k_positions)[None, :] <= np.asarray(s_q_positions)[:, None]))
+
+
+def _scores(q, k):
+    return q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])
+
+
+def _softmax_backward(p, dp, scale):
+    return p * (dp - (dp * p).sum(-1, keepdims=True)) * scale
+
+
+class DenseCore:
+    """Attention over the whole (local) sequence. ``keep`` casts what is cached (the
+    block's activation dtype); ``heads`` is (this rank's first head, all heads) for the
+    dropout mask's global position."""
+
+    def __init__(self, comm, causal=True, dropout=0.0, seed=0, recompute="none", keep=None, heads=(0, None)):
+        self.comm, self.causal, self.p, self.seed, self.recompute = comm, causal, dropout, seed, recompute
+        self.keep = keep or (lambda a: a)
+        self.first_head, self.n_heads = heads
+
+    def _probs(self, q, k):
+        b, h, s, _ = q.shape
+        scores = _scores(q, repeat_kv(k, h // k.shape[1]))
+        if self.causal:
+            scores = np.where(np.tri(s, dtype=bool), scores, -np.inf)
+        p = softmax(scores)
+        mask = None
+        if self.p:
+            heads = slice(self.first_head, self.first_head + h)
+            mask = dropout_mask(self.seed * 7919 + 1, (b, self.n_heads or h, s, s),
+                                (slice(None), heads, slice(None), slice(None)), self.p)
+        return p, mask
+
+    def _charge(self, q, k, passes, what):
+        s = q.shape[2]
+        frac = (s + 1) / (2 * s) if self.causal else 1.0
+        self.comm.compute(kernel=attention_kernel(q.shape[0], q.shape[1], s, k.shape[2], q.shape[3], passes, frac),
+                          name=what)
+
+    def forward(self, q, k, v):
+        p, mask = self._probs(q, k)
+        pd = drop(p, mask, self.p)
+        o = pd @ repeat_kv(v, q.shape[1] // v.shape[1])
+        self._charge(q, k, 2, "attention")
+        c = {"Q and K": {"Q": self.keep(q), "K": self.keep(k)}, "V": self.keep(v)}
+        if self.recompute == "none":
+            c["softmax output"] = self.keep(p)
+            if self.p:
+                c["softmax dropout mask"] = mask
+                c["dropout output (times V)"] = self.keep(pd)
+        return o, c
+
+    def backward(self, c, do):
+        w = do.dtype
+        q, k, v = (np.asarray(a, dtype=w) for a in (c["Q and K"]["Q"], c["Q and K"]["K"], c["V"]))
+        g = q.shape[1] // k.shape[1]
+        if "softmax output" in c:
+            p = np.asarray(c["softmax output"], dtype=w)
+            mask = c.get("softmax dropout mask")
+            pd = np.asarray(c["dropout output (times V)"], dtype=w) if self.p else p
+        else:  # selective recomputation: the s^2 terms again, from Q and K
+            p, mask = self._probs(q, k)
+            pd = drop(p, mask, self.p)
+        dv = sum_kv(pd.swapaxes(-1, -2) @ do, g)
+        dp = drop(do @ repeat_kv(v, g).swapaxes(-1, -2), mask, self.p)
+        ds = _softmax_backward(p, dp, 1.0 / math.sqrt(q.shape[-1]))
+        self._charge(q, k, 5 if "softmax output" not in c else 4, "attention backward")
+        return ds @ repeat_kv(k, g), sum_kv(ds.swapaxes(-1, -2) @ q, g), dv
+
+
+class RingCore:
+    """Ring attention over the ``cp`` group, this rank's shard of the sequence in
+    ``layout`` (``"contiguous"`` or ``"zigzag"``)."""
+
+    def __init__(self, cp, causal=True, layout="zigzag"):
+        self.cp, self.causal, self.layout = cp, causal, layout
+
+    def forward(self, q, k, v):
+        g = q.shape[1] // k.shape[1]
+        o, cache = ring_attention(self.cp, q, repeat_kv(k, g), repeat_kv(v, g), self.causal, self.layout)
+        return o, {"ring": cache, "group": g}
+
+    def backward(self, c, do):
+        dq, dk, dv = ring_attention_backward(self.cp, c["ring"], do)
+        return dq, sum_kv(dk, c["group"]), sum_kv(dv, c["group"])
+
+
+class UlyssesCore:
+    """All-to-all over the ``cp`` group to "every position, my heads" and back."""
+
+    def __init__(self, cp, causal=True, layout="zigzag"):
+        self.cp, self.causal, self.layout = cp, causal, layout
+
+    def _to_heads(self, t):
+        """(b, h, n, dh), my positions, every head -> (b, h/c, s, dh), every position (in
+        rank order of the shards), my heads."""
+        c = self.cp.size
+        if t.shape[1] % c:
+            raise ConfigError(f"rank {self.cp.global_rank}: Ulysses gives each of the {c} context-parallel ranks "
+                              f"whole heads; {t.shape[1]} heads do not split")
+        g = t.shape[1] // c
+        return np.concatenate(self.cp.all_to_all([np.ascontiguousarray(t[:, j * g:(j + 1) * g]) for j in range(c)]),
+                              axis=2)
+
+    def _to_positions(self, t, n):
+        """The inverse: (b, h/c, s, dh) -> (b, h, n, dh)."""
+        c = self.cp.size
+        return np.concatenate(self.cp.all_to_all([np.ascontiguousarray(t[:, :, j * n:(j + 1) * n])
+                                                  for j in range(c)]), axis=1)
+
+    def _allowed(self, n):
+        c = self.cp.size
+        pos = np.concatenate([cp_layout.positions(r, c, n, self.layout) for r in range(c)])
+        return pos[None, :] <= pos[:, None], pos
+
+    def forward(self, q, k, v):
+        n, g = q.shape[2], q.shape[1] // k.shape[1]
+        qh, kh, vh = (self._to_heads(t) for t in (q, repeat_kv(k, g), repeat_kv(v, g)))
+        scores = _scores(qh, kh)
+        if self.causal:
+            allowed, pos = self._allowed(n)
+            scores = np.where(allowed, scores, -np.inf)
+        p = softmax(scores)
+        frac = causal_fraction(pos, pos) if self.causal else 1.0
+        self.cp.compute(kernel=attention_kernel(qh.shape[0], qh.shape[1], qh.shape[2], kh.shape[2], qh.shape[3], 2,
+                                                frac), name="attention on my heads")
+        o = self._to_positions(p @ vh, n)
+        return o, {"q": qh, "k": kh, "v": vh, "p": p, "n": n, "group": g, "fraction": frac}
+
+    def backward(self, c, do):
+        qh, kh, vh, p = c["q"], c["k"], c["v"], c["p"]
+        doh = self._to_heads(do)
+        dv = p.swapaxes(-1, -2) @ doh
+        ds = _softmax_backward(p, doh @ vh.swapaxes(-1, -2), 1.0 / math.sqrt(qh.shape[-1]))
+        self.cp.compute(kernel=attention_kernel(qh.shape[0], qh.shape[1], qh.shape[2], kh.shape[2], qh.shape[3], 4,
+                                                c["fraction"]), name="attention backward on my heads")
+        n, g = c["n"], c["group"]
+        dq, dk, dv = (self._to_positions(t, n) for t in (ds @ kh, ds.swapaxes(-1, -2) @ qh, dv))
+        return dq, sum_kv(dk, g), sum_kv(dv, g)

@@ -1,0 +1,122 @@
+"""Attention split by Megatron's tensor parallelism: q, k and v column-parallel (rank r
+holds heads ``r h/t ...`` and, with grouped-query attention, the K/V heads they use), the
+output projection row-parallel (its bias added once, after the reduction); the core
+between them is swappable (:mod:`.attention_cores`).
+
+x: (b, s, d), or this rank's (b, s/t, d) under sequence parallelism.
+
+forward:  xg = gather(x); q, k, v = xg Wq + bq, xg Wk + bk, xg Wv + bv  (b, s, .../t)
+          o = core(q, k, v);  y = reduce(o Wo) + bo
+backward: do = reduce_back(dy)               dWo = o^T do, dbo = sum dy
+          dq, dk, dv = core'(do Wo^T)
+          dx = gather_back(dq Wq^T + dk Wk^T + dv Wv^T)
+          dWq = xg^T dq, ... (xg gathered again under sequence parallelism, as Megatron
+          does, unless ``keep_gathered_input``: memory for bytes)
+"""
+
+import numpy as np
+
+from ..machine.kernels import gemm
+from .placement import Placement
+from .tp_regions import ready
+
+
+class ParallelAttention:
+    def __init__(self, regions, d_model, n_heads, n_kv_heads, core, keep=None, keep_gathered_input=False):
+        t = regions.comm.size
+        self.r, self.d, self.core = regions, d_model, core
+        self.dh = d_model // n_heads
+        self.heads, self.kv_heads = n_heads // t, n_kv_heads // t
+        self.keep = keep or (lambda a: a)
+        self.keep_gathered = keep_gathered_input and regions.sp
+
+    def placements(self, sp):
+        col_w, col_b, row_w = Placement((("tp", 1),)), Placement((("tp", 0),)), Placement((("tp", 0),))
+        out = {f"{n}.{k}": (col_w if k == "w" else col_b) for n in "qkv" for k in "wb"}
+        out["o.w"] = row_w
+        out["o.b"] = Placement(partial=("tp",) if sp else ())  # added after the reduce-scatter: partial under SP
+        return out
+
+    def _heads(self, t, n):
+        b, s, _ = t.shape
+        return t.reshape(b, s, n, self.dh).transpose(0, 2, 1, 3)  # (b, n, s, dh)
+
+    @staticmethod
+    def _merge(t):
+        b, h, s, dh = t.shape
+        return t.transpose(0, 2, 1, 3).reshape(b, s, h * dh)
+
+    def _gemm(self, rows, n, k, what, count=1):
+        self.r.comm.compute(kernel=gemm(rows, n, k, count=count), name=what)
+
+    def forward(self, P, x):
+        c = {"q, k, v projections' input": self.keep(x)}
+        xg = self.r.gather(x)  # (b, s, d)
+        if self.keep_gathered:
+            c["gathered input"] = self.keep(xg)
+        rows = xg.shape[0] * xg.shape[1]
+        q = self._heads(xg @ P["q.w"] + P["q.b"], self.heads)
+        k, v = (self._heads(xg @ P[f"{n}.w"] + P[f"{n}.b"], self.kv_heads) for n in "kv")
+        self._gemm(rows, P["q.w"].shape[1] + 2 * P["k.w"].shape[1], self.d, "q, k, v")
+        heads, c["core"] = self.core.forward(q, k, v)
+        ctx = self._merge(heads)  # (b, s, d/t)
+        c["output projection input"] = self.keep(ctx)
+        self._gemm(rows, self.d, ctx.shape[-1], "output projection")
+        return self.r.reduce(ctx @ P["o.w"]) + P["o.b"], c
+
+    # ----------------------------------------------------------------- backward, in pieces
+    def _into_core(self, P, c, do):
+        """The input gradient through o and the core: (dq, dk, dv) merged, (b, s, .../t)."""
+        rows = do.shape[0] * do.shape[1]
+        dctx = do @ P["o.w"].T
+        self._gemm(rows, P["o.w"].shape[0], self.d, "output projection backward")
+        dq, dk, dv = self.core.backward(c["core"], self._heads(dctx, self.heads))
+        return [self._merge(g) for g in (dq, dk, dv)]
+
+    def _input_grad(self, P, dqkv):
+        rows = dqkv[0].shape[0] * dqkv[0].shape[1]
+        self._gemm(rows, self.d, P["q.w"].shape[1] + 2 * P["k.w"].shape[1], "q, k, v backward")
+        return sum(g @ P[f"{n}.w"].T for n, g in zip("qkv", dqkv))
+
+    def _gathered_input(self, c, dtype, async_op=False):
+        """The projections' whole input for their weight gradients: kept, or gathered again."""
+        if "gathered input" in c:
+            return ready(np.asarray(c["gathered input"], dtype=dtype), async_op)
+        return self.r.gather(np.asarray(c["q, k, v projections' input"], dtype=dtype), async_op=async_op)
+
+    def _weight_grads(self, c, do, dy_local, dqkv, xg):
+        ctx = np.asarray(c["output projection input"], dtype=do.dtype)
+        rows = do.shape[0] * do.shape[1]
+        self._gemm(self.d, ctx.shape[-1], rows, "weight gradients", count=1)
+        self._gemm(xg.shape[-1], sum(g.shape[-1] for g in dqkv), rows, "weight gradients")
+        grads = {"o.w": ctx.reshape(rows, -1).T @ do.reshape(rows, -1), "o.b": dy_local.sum((0, 1))}
+        x2 = xg.reshape(rows, -1)
+        for n, g in zip("qkv", dqkv):
+            grads[f"{n}.w"] = x2.T @ g.reshape(rows, -1)
+            grads[f"{n}.b"] = g.sum((0, 1))
+        return grads
+
+    def backward_input(self, P, c, dy):
+        do = self.r.reduce_back(dy)
+        dqkv = self._into_core(P, c, do)
+        c["backward"] = (do, dy, dqkv)
+        return self.r.gather_back(self._input_grad(P, dqkv))
+
+    def backward_weight(self, P, c, dy):
+        if "backward" not in c:
+            self.backward_input(P, c, dy)
+        do, dy_local, dqkv = c.pop("backward")
+        xg = self._gathered_input(c, do.dtype)
+        return self._weight_grads(c, do, dy_local, dqkv, xg)
+
+    def backward(self, P, c, dy):
+        """B and W together, in Megatron's order: the input's all-gather overlaps the
+        input-gradient GEMMs, the input gradient's reduce-scatter the weight GEMMs."""
+        do = self.r.reduce_back(dy)
+        dqkv = self._into_core(P, c, do)
+        pending_x = self._gathered_input(c, do.dtype, async_op=True)
+        dx_partial = self._input_grad(P, dqkv)
+        xg = pending_x.wait()
+        pending_dx = self.r.gather_back(dx_partial, async_op=True)
+        grads = self._weight_grads(c, do, dy, dqkv, xg)
+        return pending_dx.wait(), grads

@@ -1,0 +1,120 @@
+"""The MLP split by Megatron's tensor parallelism: the matrices that widen are
+column-parallel, the one that narrows row-parallel, so the activation between them stays
+local and the MLP needs one reduction each way (Shoeybi et al., 2019).
+
+* ``kind="gelu"``: y = reduce(GELU(xg A + a) B) + b, A = fc1.w split by columns, B = fc2.w
+  by rows; the bias b is added once, after the reduction;
+* ``kind="swiglu"``: y = reduce((SiLU(xg G) * (xg U)) D), G = gate.w and U = up.w by
+  columns, D = down.w by rows (no biases, as Llama).
+
+xg = gather(x) (all-gather along the sequence under sequence parallelism); backward as
+:mod:`.tp_attention`: the input gathered again for the weight gradients unless kept.
+"""
+
+import numpy as np
+
+from ..machine.kernels import gemm, memory_bound
+from ..nn.activations import gelu, gelu_backward, silu, silu_backward
+from .placement import Placement
+from .tp_regions import ready
+
+COLUMN_W, COLUMN_B, ROW_W = Placement((("tp", 1),)), Placement((("tp", 0),)), Placement((("tp", 0),))
+
+
+class ParallelMLP:
+    def __init__(self, regions, d_model, d_ff, kind="gelu", keep=None, keep_gathered_input=False):
+        self.r, self.d, self.ff, self.kind = regions, d_model, d_ff // regions.comm.size, kind
+        self.keep = keep or (lambda a: a)
+        self.keep_gathered = keep_gathered_input and regions.sp
+        self.widen = ("fc1",) if kind == "gelu" else ("gate", "up")
+        self.narrow = "fc2" if kind == "gelu" else "down"
+
+    def placements(self, sp):
+        out = {f"{n}.w": COLUMN_W for n in self.widen}
+        out[f"{self.narrow}.w"] = ROW_W
+        if self.kind == "gelu":
+            out["fc1.b"] = COLUMN_B
+            out["fc2.b"] = Placement(partial=("tp",) if sp else ())
+        return out
+
+    def _gemm(self, m, n, k, what, count=1):
+        self.r.comm.compute(kernel=gemm(m, n, k, count=count), name=what)
+
+    def forward(self, P, x):
+        c = {"fc1 input": self.keep(x)}
+        xg = self.r.gather(x)
+        if self.keep_gathered:
+            c["gathered input"] = self.keep(xg)
+        rows = xg.shape[0] * xg.shape[1]
+        self._gemm(rows, self.ff, self.d, "MLP in", count=len(self.widen))
+        if self.kind == "gelu":
+            u = xg @ P["fc1.w"] + P["fc1.b"]
+            c["GELU input"] = self.keep(u)
+            h = gelu(u)
+        else:
+            g, u = xg @ P["gate.w"], xg @ P["up.w"]
+            c["gate output"], c["up output"] = self.keep(g), self.keep(u)
+            h = silu(g) * u
+        self.r.comm.compute(kernel=memory_bound(3 * h.nbytes), name="activation")
+        c["fc2 input"] = self.keep(h)
+        self._gemm(rows, self.d, self.ff, "MLP out")
+        y = self.r.reduce(h @ P[f"{self.narrow}.w"])
+        return (y + P["fc2.b"] if self.kind == "gelu" else y), c
+
+    # ----------------------------------------------------------------- backward, in pieces
+    def _into_hidden(self, P, c, dz):
+        """The gradient at the widening matrices' outputs: [du] or [dgate, dup]."""
+        rows = dz.shape[0] * dz.shape[1]
+        self._gemm(rows, self.ff, self.d, "MLP out backward")
+        dh = dz @ P[f"{self.narrow}.w"].T
+        w = dz.dtype
+        if self.kind == "gelu":
+            return [gelu_backward(np.asarray(c["GELU input"], dtype=w), dh)]
+        g, u = np.asarray(c["gate output"], dtype=w), np.asarray(c["up output"], dtype=w)
+        return [silu_backward(g, dh * u), silu(g) * dh]
+
+    def _input_grad(self, P, dw):
+        rows = dw[0].shape[0] * dw[0].shape[1]
+        self._gemm(rows, self.d, self.ff, "MLP in backward", count=len(dw))
+        return sum(g @ P[f"{n}.w"].T for n, g in zip(self.widen, dw))
+
+    def _gathered_input(self, c, dtype, async_op=False):
+        if "gathered input" in c:
+            return ready(np.asarray(c["gathered input"], dtype=dtype), async_op)
+        return self.r.gather(np.asarray(c["fc1 input"], dtype=dtype), async_op=async_op)
+
+    def _weight_grads(self, c, dz, dy_local, dw, xg):
+        rows = dz.shape[0] * dz.shape[1]
+        h = np.asarray(c["fc2 input"], dtype=dz.dtype)
+        self._gemm(self.ff, self.d, rows, "MLP weight gradients", count=1 + len(dw))
+        grads = {f"{self.narrow}.w": h.reshape(rows, -1).T @ dz.reshape(rows, -1)}
+        x2 = xg.reshape(rows, -1)
+        for n, g in zip(self.widen, dw):
+            grads[f"{n}.w"] = x2.T @ g.reshape(rows, -1)
+        if self.kind == "gelu":
+            grads["fc2.b"] = dy_local.sum((0, 1))
+            grads["fc1.b"] = dw[0].sum((0, 1))
+        return grads
+
+    def backward_input(self, P, c, dy):
+        dz = self.r.reduce_back(dy)
+        dw = self._into_hidden(P, c, dz)
+        c["backward"] = (dz, dy, dw)
+        return self.r.gather_back(self._input_grad(P, dw))
+
+    def backward_weight(self, P, c, dy):
+        if "backward" not in c:
+            self.backward_input(P, c, dy)
+        dz, dy_local, dw = c.pop("backward")
+        return self._weight_grads(c, dz, dy_local, dw, self._gathered_input(c, dz.dtype))
+
+    def backward(self, P, c, dy):
+        """B and W together, in Megatron's order (see :meth:`ParallelAttention.backward`)."""
+        dz = self.r.reduce_back(dy)
+        dw = self._into_hidden(P, c, dz)
+        pending_x = self._gathered_input(c, dz.dtype, async_op=True)
+        dx_partial = self._input_grad(P, dw)
+        xg = pending_x.wait()
+        pending_dx = self.r.gather_back(dx_partial, async_op=True)
+        grads = self._weight_grads(c, dz, dy, dw, xg)
+        return pending_dx.wait(), grads

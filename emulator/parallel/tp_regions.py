@@ -1,0 +1,90 @@
+"""Where a tensor-parallel layer talks, with or without sequence parallelism.
+
+A column-parallel layer needs its input whole; a row-parallel layer leaves a partial sum.
+Megatron's operators (:mod:`.tensor_parallel`, :mod:`.sequence_parallel`) in one place:
+
+============================  ========================  =================================
+                              tensor parallelism        with sequence parallelism
+============================  ========================  =================================
+``gather``: before column     identity (f)              all-gather along the sequence
+``gather_back``: its backward all-reduce (f's backward) reduce-scatter along the sequence
+``reduce``: after row         all-reduce (g)            reduce-scatter along the sequence
+``reduce_back``: its backward identity (g's backward)   all-gather along the sequence
+============================  ========================  =================================
+
+Each takes ``async_op=True`` and then returns a handle whose ``wait()`` gives the result,
+so a layer can compute while its all-gather or reduce-scatter is on the wire (Megatron
+overlaps the backward's all-gather of the input with the input-gradient GEMM, and the
+reduce-scatter of the input gradient with the weight-gradient GEMM).
+"""
+
+import numpy as np
+
+SEQ = 1  # the sequence is dim 1 of (batch, sequence, hidden)
+
+
+class _Done:
+    def __init__(self, value):
+        self.value = value
+
+    def wait(self):
+        return self.value
+
+
+class _Then:
+    """A handle whose result is ``finish(handle.wait())``."""
+
+    def __init__(self, handle, finish):
+        self.handle, self.finish = handle, finish
+
+    def wait(self):
+        return self.finish(self.handle.wait())
+
+
+def ready(value, async_op):
+    """``value``, or a handle that gives it (for code that waits on either)."""
+    return _Done(value) if async_op else value
+
+
+def _front(x):
+    return np.ascontiguousarray(np.moveaxis(x, SEQ, 0))
+
+
+def _back(y):
+    return np.moveaxis(y, 0, SEQ)
+
+
+class TPRegions:
+    """The four operators of one tp group (``comm``), sequence-parallel or not."""
+
+    def __init__(self, comm, sequence_parallel):
+        self.comm, self.sp = comm, sequence_parallel
+
+    def _result(self, handle, async_op):
+        return handle if async_op else handle.wait()
+
+    def _all_gather(self, x, async_op):
+        return self._result(_Then(self.comm.all_gather(_front(x), async_op=True), _back), async_op)
+
+    def _reduce_scatter(self, x, async_op):
+        return self._result(_Then(self.comm.reduce_scatter(_front(x), async_op=True), _back), async_op)
+
+    def _all_reduce(self, x, async_op):
+        return self._result(self.comm.all_reduce(x, async_op=True), async_op)
+
+    def gather(self, x, async_op=False):
+        return self._all_gather(x, async_op) if self.sp else self._result(_Done(x), async_op)
+
+    def gather_back(self, dx, async_op=False):
+        return self._reduce_scatter(dx, async_op) if self.sp else self._all_reduce(dx, async_op)
+
+    def reduce(self, y, async_op=False):
+        return self._reduce_scatter(y, async_op) if self.sp else self._all_reduce(y, async_op)
+
+    def reduce_back(self, dy, async_op=False):
+        return self._all_gather(dy, async_op) if self.sp else self._result(_Done(dy), async_op)
+
+    def sequence_slice(self, s):
+        """This rank's slice of a sequence of length ``s`` (sequence parallelism)."""
+        n = s // self.comm.size
+        return slice(self.comm.rank * n, (self.comm.rank + 1) * n)
