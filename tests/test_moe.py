@@ -133,12 +133,16 @@ def test_expert_parallel_equals_one_device(ep_size, n_experts, top_k, cf):
         got = sum(o[2][k] for o in out) if k == "router.w" else np.concatenate([o[2][k] for o in out])
         np.testing.assert_allclose(got, grads[k], atol=1e-12, err_msg=k)
     assert sum(o[3]["dropped"] for o in out) == cache["dropped"]
-    # the trace: counts, dispatch, combine forward; two more backward; uneven splits = routed counts
+    # the trace: (with capacity, the group's counts), counts, dispatch, combine forward; two more backward;
+    # uneven splits = the kept assignments: a dropped one is never sent
     for r in range(ep_size):
         calls = world.calls[r]
+        if cf is not None and ep_size > 1:  # one rank is its own group: nothing to ask
+            assert calls[0].op == "all_gather" and calls[0].group == "world"
+            calls = calls[1:]
         assert [c.op for c in calls] == ["all_to_all_single"] * 5
-        routed = len(xs[r].reshape(-1, 8)) * top_k
-        assert calls[1].nbytes == routed * 8 * 8 and calls[3].nbytes == routed * 8 * 8  # every assignment's row
+        kept = len(xs[r].reshape(-1, 8)) * top_k - out[r][3]["dropped"]
+        assert calls[1].nbytes == kept * 8 * 8 and calls[3].nbytes == kept * 8 * 8
 
 
 def test_expert_parallel_with_the_load_balancing_loss():
@@ -204,3 +208,30 @@ def test_two_hop_all_to_all_equals_the_flat_one(nodes, per_node):
         assert [c[0] for c in two[r]] == [100.0 * src + r for src in range(n)]
     with pytest.raises(Exception, match="not whole nodes"):
         World(3).run(lambda comm: hierarchical_all_to_all(comm, chunks[0][:3], 2))
+
+
+@pytest.mark.parametrize("cf, aux", [(1.0, 0.0), (None, 0.3), (0.75, 0.3)])
+def test_expert_parallel_with_unequal_token_counts_per_rank(cf, aux):
+    """Capacity and the load-balancing loss are statistics of all the group's tokens: with 3,
+    9 and 4 tokens on three ranks they must be the single device's on the 16 tokens."""
+    moe, p = layer(6, 2, cf, aux=aux)
+    rng = np.random.default_rng(7)
+    sizes = [3, 9, 4]
+    x, dy = rng.standard_normal((16, 8)), rng.standard_normal((16, 8))
+    y, cache = moe.forward(p, x)
+    dx, grads = moe.backward(p, cache, dy)
+    cuts = np.cumsum([0] + sizes)
+
+    def prog(comm):
+        local = ep.shard_experts(p, comm.size, comm.rank)
+        mine = slice(cuts[comm.rank], cuts[comm.rank + 1])
+        yl, cl = ep.forward(comm, moe, local, x[mine])
+        return (yl,) + ep.backward(comm, moe, local, cl, dy[mine]) + (cl,)
+
+    out = World(3).run(prog)
+    np.testing.assert_allclose(np.concatenate([o[0] for o in out]), y, atol=1e-12)
+    np.testing.assert_allclose(np.concatenate([o[1] for o in out]), dx, atol=1e-12)
+    np.testing.assert_allclose(sum(o[2]["router.w"] for o in out), grads["router.w"], atol=1e-12)
+    assert sum(o[3]["dropped"] for o in out) == cache["dropped"]
+    if aux:
+        assert all(o[3]["aux_loss"] == pytest.approx(cache["aux_loss"]) for o in out)

@@ -1,32 +1,44 @@
-"""Expert parallelism: an MoE layer's experts split over the ranks of an ``ep`` group.
+"""Expert parallelism: an MoE layer's experts split over the ranks of an ``ep`` group (and,
+optionally, each expert's matrices over a ``tp`` group).
 
-Every rank holds the router (replicated) and ``E / size`` experts (rank r: experts
-``r E/size .. (r+1) E/size - 1``), and routes its own tokens. Forward:
+Every rank holds the router (replicated) and ``E / ep`` experts (rank r: experts
+``r E/ep .. (r+1) E/ep - 1``), and routes its own tokens. Forward:
 
-1. **route** locally and sort this rank's (token, expert) assignments by expert;
+1. **route** locally; apply **capacity** with the statistics of the tokens' group
+   (:mod:`.token_groups`: first come, first served in the group's token order), dropping
+   this rank's over-capacity assignments before they are sent, and sort the kept ones by
+   expert;
 2. **count exchange**: an all-to-all of the per-expert counts, so each rank learns how
    many rows it will receive from every other rank for each of its experts;
 3. **dispatch**: one uneven ``all_to_all_single`` sends each row to its expert's rank;
-4. the owner regroups the rows by expert (source rank, then token order: the order of
-   the whole batch, so capacity drops the same assignments one device would), runs its
-   experts on the kept rows, and returns zeros for the dropped ones;
+4. the owner regroups the rows by expert and runs its experts on them;
 5. **combine**: the reverse ``all_to_all_single`` brings the outputs home, where each
    token sums its experts' outputs, weighted.
 
 Backward runs the same two all-to-alls the other way: output gradients out to the experts,
-input gradients back. The router's gradient is this rank's part (the sum over the ep group
-is the full one, as data parallelism will sum it).
+input gradients back. The router's gradient is this rank's part (the sum over the ranks
+that hold copies of the router is the full one, as data parallelism sums it).
 
-Dropped rows are still sent here (the owner drops them), so the bytes are the dropless
-layer's; production systems compute each row's place from the exchanged counts and drop
-before sending. All ranks must hold the same number of tokens.
+With tensor parallelism inside the experts (``tp`` of size t > 1, Megatron's expert tensor
+parallelism), each rank holds a 1/t slice of every local expert's hidden units and every
+rank of the tp group routes the same tokens: the experts' outputs, and the routing
+weights' gradients, are partial sums over tp (the first is reduced where the dense MLP's
+is, the second by an all-reduce of (tokens x top_k) numbers), and the router's input
+gradient is added on tp rank 0 only.
+
+:class:`ParallelMoE` is the block's MLP; :func:`forward` and :func:`backward` run one
+layer on an ep group with each rank's tokens in rank order (lesson 05).
 """
 
 import numpy as np
 
 from ..errors import ConfigError
-from ..nn.moe import (EXPERT_KEYS, capacity, experts_backward_input, experts_backward_weight, experts_forward,
-                      keep_first, route, route_backward)
+from ..machine.kernels import gemm
+from ..nn.moe import (capacity, expert_keys, experts_backward_input, experts_backward_weight, experts_forward,
+                      route, route_backward)
+from .placement import Placement
+from .token_groups import TokenGroup
+from .tp_regions import TPRegions
 
 
 def shard_experts(params, size, rank):
@@ -39,82 +51,184 @@ def shard_experts(params, size, rank):
     if not 0 <= rank < size:
         raise ConfigError(f"shard_experts: rank must be in 0..{size - 1}, got {rank!r}")
     n = n_experts // size
-    return {k: (v[rank * n:(rank + 1) * n].copy() if k in EXPERT_KEYS else v) for k, v in params.items()}
+    keys = expert_keys(params)
+    return {k: (v[rank * n:(rank + 1) * n].copy() if k in keys else v) for k, v in params.items()}
 
 
-def _check(comm, moe, params, x):
-    if moe.n_experts % comm.size:
-        raise ConfigError(f"rank {comm.global_rank}: {moe.n_experts} experts do not split over an ep group of "
-                          f"{comm.size}")
-    n = moe.n_experts // comm.size
-    if params["experts.fc1.w"].shape[0] != n:
-        raise ConfigError(f"rank {comm.global_rank}: expected this rank's {n} experts (shard_experts), got "
-                          f"{params['experts.fc1.w'].shape[0]}")
-    x = np.asarray(x)
+class ParallelMoE:
+    """``moe``: the layer's configuration (an ``nn.MoE``); ``ep``: the expert-parallel
+    group; ``regions``: the tp group's operators (:class:`~.tp_regions.TPRegions`);
+    ``group(n_tokens)``: the :class:`~.token_groups.TokenGroup` of this rank's tokens."""
+
+    charges_itself = True
+
+    def __init__(self, moe, ep, regions, group=None):
+        if moe.n_experts % ep.size:
+            raise ConfigError(f"rank {ep.global_rank}: {moe.n_experts} experts do not split over an ep group of "
+                              f"{ep.size}")
+        if moe.d_ff % regions.comm.size:
+            raise ConfigError(f"rank {ep.global_rank}: the experts' d_ff ({moe.d_ff}) does not split over tp="
+                              f"{regions.comm.size}")
+        self.moe, self.ep, self.r = moe, ep, regions
+        self.tp = regions.comm
+        self.n_local = moe.n_experts // ep.size
+        self.group = group or (lambda n: TokenGroup.local(ep, n))
+        self.widen = ("fc1",) if moe.mlp == "gelu" else ("gate", "up")
+        self.ff = moe.d_ff // self.tp.size
+
+    # ----------------------------------------------------------------- where parameters live
+    def placements(self, sp=False):
+        ep = ("ep", 0)
+        out = {"router.w": Placement()}
+        for n in self.widen:
+            out[f"experts.{n}.w"] = Placement((ep, ("tp", 2)))
+        out["experts.fc2.w" if self.moe.mlp == "gelu" else "experts.down.w"] = Placement((ep, ("tp", 1)))
+        if self.moe.mlp == "gelu":
+            out["experts.fc1.b"] = Placement((ep, ("tp", 1)))
+            out["experts.fc2.b"] = Placement((ep,))  # added on tp rank 0 only
+        return out
+
+    def coords(self):
+        return {"ep": self.ep.rank}
+
+    def sizes(self):
+        return {"ep": self.ep.size}
+
+    # ----------------------------------------------------------------- forward
+    def _check(self, P):
+        n = P["experts.fc1.w" if "experts.fc1.w" in P else "experts.gate.w"].shape[0]
+        if n != self.n_local:
+            raise ConfigError(f"rank {self.ep.global_rank}: expected this rank's {self.n_local} experts "
+                              f"(shard_experts), got {n}")
+
+    def _experts(self, P):
+        """This rank's experts as it computes them: fc2's bias on tp rank 0 only."""
+        if self.tp.size > 1 and "experts.fc2.b" in P and self.tp.rank:
+            return dict(P, **{"experts.fc2.b": np.zeros_like(P["experts.fc2.b"])})
+        return P
+
+    def _charge(self, counts, what, passes=1):
+        kernels = [gemm(c, self.ff, self.moe.d_model, count=passes * (len(self.widen) + 1)) for c in counts if c]
+        if kernels:
+            self.ep.compute(kernels=kernels, name=what)
+
+    def forward(self, P, x):
+        self._check(P)
+        moe, c, k = self.moe, self.ep.size, self.moe.top_k
+        xg = self.r.gather(x)
+        x2 = xg.reshape(-1, moe.d_model)
+        idx, weights, rc = route(P["router.w"], x2, k)
+        self.ep.compute(kernel=gemm(len(x2), moe.n_experts, moe.d_model), name="route")
+        e_ids, tokens = idx.ravel(), np.repeat(np.arange(len(x2)), k)
+        keep = np.ones(len(e_ids), bool)
+        if moe.capacity_factor is not None or moe.aux_loss_coef:  # the group's statistics
+            place, n_group, totals, p_sum = self.group(len(x2)).statistics(e_ids, k, moe.n_experts, rc["p"])
+            cap = capacity(n_group, k, moe.n_experts, moe.capacity_factor)
+            if cap is not None:
+                keep = place < cap
+        kept = np.nonzero(keep)[0]
+        order = kept[np.argsort(e_ids[kept], kind="stable")]  # my kept assignments, by expert
+        counts = np.bincount(e_ids[order], minlength=moe.n_experts)
+        recv_counts = self.ep.all_to_all_single(counts).reshape(c, self.n_local)  # [source rank, my expert]
+        send_splits, recv_splits = counts.reshape(c, self.n_local).sum(1), recv_counts.sum(1)
+        rows = self.ep.all_to_all_single(x2[tokens[order]], recv_splits.tolist(), send_splits.tolist())
+        # the rows arrive by source rank, each source's by expert: regroup by expert
+        start = np.concatenate([[0], np.cumsum(recv_counts.ravel())])[:-1].reshape(c, self.n_local)
+        regroup = np.concatenate([np.arange(start[i, j], start[i, j] + recv_counts[i, j])
+                                  for j in range(self.n_local) for i in range(c)] + [[]]).astype(int)
+        expert_counts = recv_counts.sum(0)
+        ys, ec = experts_forward(self._experts(P), rows[regroup], expert_counts)
+        self._charge(expert_counts, "experts")
+        out_rows = np.empty_like(rows)
+        out_rows[regroup] = ys
+        back = self.ep.all_to_all_single(out_rows, send_splits.tolist(), recv_splits.tolist())
+        y = np.zeros_like(x2)
+        np.add.at(y, tokens[order], weights.ravel()[order, None] * back)
+        cache = {"route": rc, "weights": weights, "order": order, "tokens": tokens, "back": back, "kept": regroup,
+                 "rows": len(rows), "experts": ec, "counts": expert_counts, "dropped": int((~keep).sum()),
+                 "splits": (send_splits.tolist(), recv_splits.tolist()), "shape": np.shape(xg)}
+        if moe.aux_loss_coef:  # Switch's loss over the group: E sum_e f_e P_e
+            f, mean_p = totals / (n_group * k), p_sum / n_group
+            cache["aux_loss"] = moe.n_experts * float((f * mean_p).sum())
+            cache["aux_dp"] = np.broadcast_to(moe.n_experts * f / n_group, rc["p"].shape).astype(x2.dtype)
+        return self.r.reduce(y.reshape(xg.shape)), cache
+
+    # ----------------------------------------------------------------- backward
+    def backward(self, P, cache, dy):
+        """(dx for this rank's tokens, gradients of this rank's parameters)."""
+        moe = self.moe
+        dy2 = self.r.reduce_back(dy).reshape(-1, moe.d_model)
+        order, tokens, back, regroup = cache["order"], cache["tokens"], cache["back"], cache["kept"]
+        send_splits, recv_splits = cache["splits"]
+        w_flat = cache["weights"].ravel()
+        dweights = np.zeros(len(w_flat), dy2.dtype)
+        dweights[order] = (dy2[tokens[order]] * back).sum(-1)
+        if self.tp.size > 1:  # each tp rank's outputs are partial sums: so are these
+            dweights = self.tp.all_reduce(dweights)
+        d_rows = self.ep.all_to_all_single(w_flat[order, None] * dy2[tokens[order]], recv_splits, send_splits)
+        d_experts = d_rows[regroup]
+        experts = self._experts(P)
+        dxs = experts_backward_input(experts, cache["experts"], d_experts)
+        grads = experts_backward_weight(experts, cache["experts"], d_experts)  # fc2.b's: whole on every tp rank
+        self._charge(cache["counts"], "experts backward", passes=2)
+        dx_rows = np.empty((cache["rows"], moe.d_model), dy2.dtype)
+        dx_rows[regroup] = dxs
+        dx_back = self.ep.all_to_all_single(dx_rows, send_splits, recv_splits)
+        extra = moe.aux_loss_coef * cache.get("aux_scale", 1.0) * cache["aux_dp"] if moe.aux_loss_coef else None
+        dx, dlogits = route_backward(P["router.w"], cache["route"], dweights.reshape(-1, moe.top_k), extra)
+        if self.tp.rank:
+            dx = np.zeros_like(dx)  # the router's input gradient once over tp, as the bias is added once
+        np.add.at(dx, tokens[order], dx_back)
+        grads["router.w"] = cache["route"]["x"].T @ dlogits
+        self.ep.compute(kernel=gemm(len(dy2), moe.n_experts, moe.d_model, count=2), name="route backward")
+        return self.r.gather_back(dx.reshape(cache["shape"])), grads
+
+    def backward_input(self, P, cache, dy):
+        dx, cache["grads"] = self.backward(P, cache, dy)
+        return dx
+
+    def backward_weight(self, P, cache, dy):
+        if "grads" not in cache:
+            self.backward_input(P, cache, dy)
+        return cache.pop("grads")
+
+    def flops(self, x_shape):
+        t = int(np.prod(x_shape[:-1]))
+        router = 2 * t * self.moe.d_model * self.moe.n_experts
+        experts = 2 * t * self.moe.top_k * (len(self.widen) + 1) * self.moe.d_model * self.ff
+        return {"forward": router + experts, "backward_input": router + experts, "backward_weight": router + experts}
+
+
+class _NoTensorParallelism(TPRegions):
+    """One rank per expert slice: nothing to gather or reduce."""
+
+    def __init__(self, comm):
+        super().__init__(comm.new_group([comm.global_rank]), False)
+
+    def gather(self, x, async_op=False):
+        return x
+
+    gather_back = reduce = reduce_back = gather
+
+
+def forward(comm, moe, params_local, x_local):
+    """This rank's output for its tokens ``x_local`` (tokens, d), the experts over the group
+    ``comm``, every rank's tokens one group in rank order; and the cache for :func:`backward`."""
+    x = np.asarray(x_local)
     if x.shape[-1] != moe.d_model:
         raise ConfigError(f"rank {comm.global_rank}: tokens of width {x.shape[-1]}, the layer's is {moe.d_model}")
-    return n, x.reshape(-1, moe.d_model)
-
-
-def forward(comm, moe, params, x):
-    """This rank's output for its tokens ``x``, and the cache for :func:`backward`."""
-    n_local, x2 = _check(comm, moe, params, x)
-    c, k = comm.size, moe.top_k
-    idx, weights, rc = route(params["router.w"], x2, k)
-    e_ids, tokens = idx.ravel(), np.repeat(np.arange(len(x2)), k)
-    order = np.argsort(e_ids, kind="stable")  # my assignments, by expert
-    counts = np.bincount(e_ids, minlength=moe.n_experts)
-    comm.compute(flops=2 * x2.size * moe.n_experts, name="route")
-    recv_counts = comm.all_to_all_single(counts).reshape(c, n_local)  # [source rank, my expert]
-    send_splits, recv_splits = counts.reshape(c, n_local).sum(1), recv_counts.sum(1)
-    rows = comm.all_to_all_single(x2[tokens[order]], recv_splits.tolist(), send_splits.tolist())
-    # the rows arrive by source rank, each source's by expert: regroup by expert, source order within
-    start = np.concatenate([[0], np.cumsum(recv_counts.ravel())])[:-1].reshape(c, n_local)
-    regroup = np.concatenate([np.arange(start[i, j], start[i, j] + recv_counts[i, j])
-                              for j in range(n_local) for i in range(c)]).astype(int)
-    local_e = np.repeat(np.arange(n_local), recv_counts.sum(0))
-    keep = keep_first(local_e, n_local, capacity(c * len(x2), k, moe.n_experts, moe.capacity_factor))
-    kept = regroup[keep]
-    expert_counts = np.bincount(local_e[keep], minlength=n_local)
-    ys, ec = experts_forward(params, rows[kept], expert_counts)
-    comm.compute(flops=4 * len(kept) * moe.d_model * moe.d_ff, name="experts")
-    out_rows = np.zeros_like(rows)
-    out_rows[kept] = ys
-    back = comm.all_to_all_single(out_rows, send_splits.tolist(), recv_splits.tolist())
-    y = np.zeros_like(x2)
-    np.add.at(y, tokens[order], weights.ravel()[order, None] * back)
-    cache = {"route": rc, "weights": weights, "order": order, "tokens": tokens, "back": back, "kept": kept,
-             "rows": len(rows), "experts": ec, "counts": expert_counts, "dropped": int((~keep).sum()),
-             "splits": (send_splits.tolist(), recv_splits.tolist()), "shape": np.shape(x)}
-    if moe.aux_loss_coef:  # the load-balancing loss needs the whole batch's statistics
-        stats = comm.all_reduce(np.concatenate([counts, rc["p"].sum(0)]).astype(np.float64))
-        n_tokens = c * len(x2)
-        f, mean_p = stats[:moe.n_experts] / (n_tokens * k), stats[moe.n_experts:] / n_tokens
-        cache["aux_loss"] = moe.n_experts * float((f * mean_p).sum())
-        cache["aux_dp"] = np.broadcast_to(moe.n_experts * f / n_tokens, rc["p"].shape).astype(x2.dtype)
-    return y.reshape(np.shape(x)), cache
+    layer = ParallelMoE(moe, comm, _NoTensorParallelism(comm), lambda n: TokenGroup.rank_order(comm, n))
+    x2 = x.reshape(1, -1, moe.d_model)
+    y, cache = layer.forward(params_local, x2)
+    cache["shape"] = x.shape
+    return y.reshape(x.shape), cache
 
 
 def backward(comm, moe, params, cache, dy):
     """(dx for this rank's tokens, gradients of this rank's parameters)."""
-    dy2 = np.asarray(dy).reshape(-1, moe.d_model)
-    order, tokens, back, kept = cache["order"], cache["tokens"], cache["back"], cache["kept"]
-    send_splits, recv_splits = cache["splits"]
-    w_flat = cache["weights"].ravel()
-    dys_mine = w_flat[order, None] * dy2[tokens[order]]
-    dweights = np.zeros(len(w_flat), dy2.dtype)
-    dweights[order] = (dy2[tokens[order]] * back).sum(-1)
-    dys_rows = comm.all_to_all_single(dys_mine, recv_splits, send_splits)
-    dys = dys_rows[kept]
-    dxs = experts_backward_input(params, cache["experts"], dys)
-    grads = experts_backward_weight(params, cache["experts"], dys)
-    comm.compute(flops=8 * len(kept) * moe.d_model * moe.d_ff, name="experts backward")
-    dx_rows = np.zeros((cache["rows"], moe.d_model), dy2.dtype)
-    dx_rows[kept] = dxs
-    dx_back = comm.all_to_all_single(dx_rows, send_splits, recv_splits)
-    extra = moe.aux_loss_coef * cache["aux_dp"] if moe.aux_loss_coef else None
-    dx, dlogits = route_backward(params["router.w"], cache["route"], dweights.reshape(-1, moe.top_k), extra)
-    np.add.at(dx, tokens[order], dx_back)
-    grads["router.w"] = cache["route"]["x"].T @ dlogits  # this rank's part
-    comm.compute(flops=4 * dy2.size * moe.n_experts, name="route backward")
-    return dx.reshape(cache["shape"]), grads
+    layer = ParallelMoE(moe, comm, _NoTensorParallelism(comm))
+    dy = np.asarray(dy)
+    shape = cache["shape"]
+    cache = dict(cache, shape=(1,) + (int(np.prod(shape[:-1])), moe.d_model))
+    dx, grads = layer.backward(params, cache, dy.reshape(1, -1, moe.d_model))
+    return dx.reshape(shape), grads
