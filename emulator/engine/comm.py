@@ -94,14 +94,15 @@ class Comm(PointToPoint):
             raise GroupError(f"rank {self.global_rank}: {exc}") from None
         return Comm(self._world, self.global_rank, ranks, ",".join(axes))
 
-    def new_group(self, ranks):
-        """A comm over the given global ranks (like ``torch.distributed.new_group``)."""
+    def new_group(self, ranks, label=None):
+        """A comm over the given global ranks (like ``torch.distributed.new_group``);
+        ``label`` names it in the trace (default: its ranks)."""
         ranks = tuple(int(r) for r in ranks)
         bad = [r for r in ranks if not 0 <= r < self._world.size]
         if bad or len(set(ranks)) != len(ranks) or not ranks:
             raise GroupError(f"rank {self.global_rank}: new_group({list(ranks)}) needs distinct ranks "
                              f"in 0..{self._world.size - 1}")
-        return Comm(self._world, self.global_rank, ranks, str(sorted(ranks)))
+        return Comm(self._world, self.global_rank, ranks, label or str(sorted(ranks)))
 
     # ----------------------------------------------------------------- compute
     def compute(self, flops=None, seconds=None, name="compute", kernel=None, kernels=None):

@@ -14,6 +14,8 @@ class DataParallelStrategy:
     between them, ``reduce_grads`` (finish the reduction) and ``apply`` (update). The
     hooks here serve full, replicated parameters.
 
+    ``label`` names its ledger entries when a rank runs several (one per gradient group).
+
     ``average=True``: each rank's loss is the mean over its own examples, and the reduced
     gradient is divided by the group size. ``average=False``: the loss was already scaled
     for the whole group (as the mesh runtime scales it once, for every data-parallel and
@@ -21,8 +23,8 @@ class DataParallelStrategy:
 
     zero_stage = None
 
-    def __init__(self, comm, model, params, opt, average=True):
-        self.comm, self.model, self.opt = comm, model, opt
+    def __init__(self, comm, model, params, opt, average=True, label=""):
+        self.comm, self.model, self.opt, self.label = comm, model, opt, label
         self.memory = comm.memory
         self.divisor = comm.size if average else 1
         self.names = [name for name, _ in model.layers]
@@ -71,6 +73,11 @@ class DataParallelStrategy:
         return None
 
     # ----------------------------------------------------------------- helpers
+    def entry(self, name):
+        """The ledger's name for what this strategy holds (``label`` tells apart two
+        strategies on one rank: a block's dense weights and its experts)."""
+        return f"{name} ({self.label})" if self.label else name
+
     def my_slice(self, name, flat):
         return self.layouts[name].shard(flat, self.comm.rank, self.comm.size)
 
@@ -88,9 +95,9 @@ class DataParallelStrategy:
         return [piece for name in self.names for piece in self.slice_pieces(name, slices[name])], 1
 
     def hold_full_params(self):
-        if self.memory.holds("params"):
-            self.memory.release("params")
-        self.memory.hold("params", self.full, "params")
+        if self.memory.holds(self.entry("params")):
+            self.memory.release(self.entry("params"))
+        self.memory.hold(self.entry("params"), self.full, "params")
 
     def slices_of_full(self):
         """{layer: this rank's slice of its full parameters} (ZeRO-1 and 2 hold them all)."""
@@ -99,7 +106,7 @@ class DataParallelStrategy:
     def sharded_optimizer(self, shards):
         """Optimizer state for this rank's slice of every layer only (ZeRO-1, 2, 3)."""
         state = {name: self.opt.init({"flat": shards[name]}) for name in self.names}
-        self.memory.hold("optimizer", state, "optimizer")
+        self.memory.hold(self.entry("optimizer"), state, "optimizer")
         return state
 
     def reduce_scatter_grads(self, name, grads, grad_shards):

@@ -20,11 +20,11 @@ from .base import DataParallelStrategy
 class DDP(DataParallelStrategy):
     zero_stage = 0
 
-    def __init__(self, comm, model, params, opt, bucket_bytes=None, average=True):
-        super().__init__(comm, model, params, opt, average)
+    def __init__(self, comm, model, params, opt, bucket_bytes=None, average=True, label=""):
+        super().__init__(comm, model, params, opt, average, label)
         self.hold_full_params()
         self.state = opt.init(params)
-        self.memory.hold("optimizer", self.state, "optimizer")
+        self.memory.hold(self.entry("optimizer"), self.state, "optimizer")
         self.buckets = self._plan_buckets(bucket_bytes)
         self.flat = {}  # bucket index -> its gradients, flat (torch's grads are views of it)
         self.pending = {}  # bucket index -> handle of its all-reduce
@@ -57,7 +57,7 @@ class DDP(DataParallelStrategy):
             if i not in self.flat:  # the bucket's storage, allocated by its first gradient
                 dtype = next(iter(grads.values())).dtype
                 size = bucket[-1][2] + bucket[-1][3]
-                self.flat[i] = self.memory.hold(f"grads:bucket{i}", np.zeros(size, dtype), "grads")
+                self.flat[i] = self.memory.hold(self.entry(f"grads:bucket{i}"), np.zeros(size, dtype), "grads")
             for layer, key, off, numel in bucket:
                 if layer == name:
                     self.flat[i][off:off + numel] += grads[key].reshape(-1)
@@ -78,7 +78,7 @@ class DDP(DataParallelStrategy):
         grads = {f"{layer}.{key}": g * grad_scale if grad_scale != 1.0 else g for layer, key, g in self.mean}
         new, self.state = self.opt.step(self.params(), grads, self.state)
         for i in range(len(self.buckets)):
-            self.memory.release(f"grads:bucket{i}")
+            self.memory.release(self.entry(f"grads:bucket{i}"))
         self.flat, self.mean = {}, None
         self.full = {name: {k: new[f"{name}.{k}"] for k in self.full[name]} for name in self.names}
         self.hold_full_params()

@@ -58,7 +58,8 @@ def shard_experts(params, size, rank):
 class ParallelMoE:
     """``moe``: the layer's configuration (an ``nn.MoE``); ``ep``: the expert-parallel
     group; ``regions``: the tp group's operators (:class:`~.tp_regions.TPRegions`);
-    ``group(n_tokens)``: the :class:`~.token_groups.TokenGroup` of this rank's tokens."""
+    ``group(batch, seq)``: the :class:`~.token_groups.TokenGroup` of this rank's tokens, a
+    (batch, seq) block of them."""
 
     charges_itself = True
 
@@ -72,7 +73,7 @@ class ParallelMoE:
         self.moe, self.ep, self.r = moe, ep, regions
         self.tp = regions.comm
         self.n_local = moe.n_experts // ep.size
-        self.group = group or (lambda n: TokenGroup.local(ep, n))
+        self.group = group or (lambda b, s: TokenGroup.local(ep, b * s))
         self.widen = ("fc1",) if moe.mlp == "gelu" else ("gate", "up")
         self.ff = moe.d_ff // self.tp.size
 
@@ -122,7 +123,7 @@ class ParallelMoE:
         e_ids, tokens = idx.ravel(), np.repeat(np.arange(len(x2)), k)
         keep = np.ones(len(e_ids), bool)
         if moe.capacity_factor is not None or moe.aux_loss_coef:  # the group's statistics
-            place, n_group, totals, p_sum = self.group(len(x2)).statistics(e_ids, k, moe.n_experts, rc["p"])
+            place, n_group, totals, p_sum = self.group(*xg.shape[:2]).statistics(e_ids, k, moe.n_experts, rc["p"])
             cap = capacity(n_group, k, moe.n_experts, moe.capacity_factor)
             if cap is not None:
                 keep = place < cap
@@ -217,7 +218,7 @@ def forward(comm, moe, params_local, x_local):
     x = np.asarray(x_local)
     if x.shape[-1] != moe.d_model:
         raise ConfigError(f"rank {comm.global_rank}: tokens of width {x.shape[-1]}, the layer's is {moe.d_model}")
-    layer = ParallelMoE(moe, comm, _NoTensorParallelism(comm), lambda n: TokenGroup.rank_order(comm, n))
+    layer = ParallelMoE(moe, comm, _NoTensorParallelism(comm), lambda b, s: TokenGroup.rank_order(comm, b * s))
     x2 = x.reshape(1, -1, moe.d_model)
     y, cache = layer.forward(params_local, x2)
     cache["shape"] = x.shape

@@ -13,8 +13,8 @@ from .base import DataParallelStrategy
 class ZeRO1(DataParallelStrategy):
     zero_stage = 1
 
-    def __init__(self, comm, model, params, opt, average=True):
-        super().__init__(comm, model, params, opt, average)
+    def __init__(self, comm, model, params, opt, average=True, label=""):
+        super().__init__(comm, model, params, opt, average, label)
         self.hold_full_params()
         self.state = self.sharded_optimizer(self.slices_of_full())
         self.grads, self.grad_slices = {}, {}

@@ -16,12 +16,12 @@ from .base import DataParallelStrategy
 class ZeRO3(DataParallelStrategy):
     zero_stage = 3
 
-    def __init__(self, comm, model, params, opt, prefetch=False, average=True):
-        super().__init__(comm, model, params, opt, average)
+    def __init__(self, comm, model, params, opt, prefetch=False, average=True, label=""):
+        super().__init__(comm, model, params, opt, average, label)
         self.prefetch = prefetch
         self.my = self.slices_of_full()
         self.full = None
-        self.memory.hold("params", self.my, "params")
+        self.memory.hold(self.entry("params"), self.my, "params")
         self.state = self.sharded_optimizer(self.my)
         self.grad_shards = {}
         self.pending = {}  # layer -> handle of its all-gather, started early
@@ -71,8 +71,8 @@ class ZeRO3(DataParallelStrategy):
                                                   {"flat": g * grad_scale if grad_scale != 1.0 else g}, self.state[name])
             self.memory.release(f"grads:{name}")
             self.my[name] = new["flat"]
-        self.memory.release("params")
-        self.memory.hold("params", self.my, "params")
+        self.memory.release(self.entry("params"))
+        self.memory.hold(self.entry("params"), self.my, "params")
 
     def shards(self):
         return dict(self.my)

@@ -31,10 +31,13 @@ def micro_batches(x, y, m):
     return [p[0] for p in parts], [p[1] for p in parts]
 
 
-def run_actions(comm, stage, actions, micro_x, micro_y):
-    """This rank's part of one pipeline step: every action of ``actions`` in order.
-    Returns the losses of the micro-batches (on the last stage; else an empty dict)."""
+def run_actions(comm, stage, actions, micro_x, micro_y, scale=None):
+    """This rank's part of one pipeline step: every action of ``actions`` in order; the
+    loss of each micro-batch scaled by ``scale`` (default ``1/m``: the step's loss is the
+    micro-batches' mean). Returns the losses of the micro-batches (on the last stage; else
+    an empty dict)."""
     m = len(micro_x)
+    scale = 1.0 / m if scale is None else scale
     stage.micro_batches = m
     boundary = None  # shape and dtype of what arrives, once something does
     local, outgoing, sends = {}, [], []  # hand-offs between chunks of this rank; sends to post; to wait
@@ -56,7 +59,7 @@ def run_actions(comm, stage, actions, micro_x, micro_y):
             out = stage.forward(a, micro_x[a.microbatch] if stage.is_first(a.chunk) else inbound,
                                 micro_y[a.microbatch])
         elif a.kind == "B":
-            out = stage.backward(a, inbound, scale=1.0 / m)
+            out = stage.backward(a, inbound, scale=scale)
         else:
             stage.backward_weight(a)
             out = None

@@ -1,0 +1,189 @@
+"""One rank's share of an ``nn.GPT`` on a mesh: its layers as modules that talk over the
+rank's groups, the placement of every parameter, and the loss.
+
+:class:`RankModel` has the pipeline's view of a model (``layers``, ``boundary``,
+``loss``, ``loss_backward``), so a :class:`~emulator.parallel.pipeline.PipelineStage`
+runs it as it runs an ``nn.GPT``:
+
+* ``embed`` (:class:`ParallelEmbedding`): the token table split by vocabulary over ``tp``
+  (Megatron's vocab-parallel embedding: each rank looks up the ids in its range, a
+  reduction over tp sums them; under sequence parallelism a reduce-scatter, so each rank
+  keeps its slice of the sequence), plus the position table at this rank's positions
+  (context parallelism's layout decides which);
+* ``blocks.i``: :class:`~emulator.parallel.tp_block.TensorParallelBlock`, with ring or
+  Ulysses attention over ``cp`` and experts over ``ep``;
+* ``head`` (:class:`ParallelHead`): the final norm, then the output layer split by
+  vocabulary (column-parallel; its input gathered along the sequence under SP), and the
+  vocab-parallel cross-entropy (:mod:`.vocab_parallel`: three numbers per token cross
+  the tp ranks, never the logits).
+"""
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..machine.kernels import gemm, memory_bound
+from ..nn.layernorm import layer_norm, layer_norm_backward
+from ..nn.moe import MoE
+from .attention_cores import RingCore, UlyssesCore
+from .context_parallel.layout import positions
+from .expert_parallel import ParallelMoE
+from .placement import Placement
+from .token_groups import TokenGroup
+from .tp_block import TensorParallelBlock
+from .tp_regions import TPRegions
+from .vocab_parallel import vocab_parallel_cross_entropy, vocab_range
+
+
+class ParallelEmbedding:
+    """x = tok[ids] + pos[positions]: ids (b, n) this rank's tokens (its cp shard);
+    out (b, n, d), or (b, n/t, d) under sequence parallelism."""
+
+    charges_itself = True
+
+    def __init__(self, regions, vocab, d_model, cp_rank, cp_size, layout):
+        self.r, self.vocab, self.d = regions, vocab, d_model
+        self.cp_rank, self.cp_size, self.layout = cp_rank, cp_size, layout
+
+    def placements(self):
+        sp = ("tp",) if self.r.sp else ()
+        return {"tok.w": Placement((("tp", 0),)), "pos.w": Placement(partial=sp)}
+
+    def _positions(self, n):
+        return positions(self.cp_rank, self.cp_size, n, self.layout) if self.cp_size > 1 else np.arange(n)
+
+    def forward(self, P, ids):
+        ids = np.asarray(ids)
+        lo, hi = vocab_range(self.r.comm, self.vocab)
+        mine = (ids >= lo) & (ids < hi)
+        part = np.where(mine[..., None], P["tok.w"][np.where(mine, ids - lo, 0)], 0).astype(P["tok.w"].dtype)
+        self.r.comm.compute(kernel=memory_bound(2 * part.nbytes), name="embedding")
+        tok = self.r.reduce(part)  # the ranks' rows summed: all-reduce, or reduce-scatter along the sequence
+        pos = self._positions(ids.shape[1])
+        if self.r.sp:
+            pos = pos[self.r.sequence_slice(len(pos))]
+        return tok + P["pos.w"][pos], {"ids": ids, "mine": mine, "lo": lo, "pos": pos}
+
+    def backward_input(self, P, cache, dy):
+        return None
+
+    def backward_weight(self, P, cache, dy):
+        d_tok = self.r.reduce_back(dy)  # the whole (local cp) sequence's gradient
+        g_tok = np.zeros_like(P["tok.w"], dtype=dy.dtype)
+        rows = cache["mine"]
+        np.add.at(g_tok, cache["ids"][rows] - cache["lo"], d_tok[rows])
+        g_pos = np.zeros_like(P["pos.w"], dtype=dy.dtype)
+        np.add.at(g_pos, cache["pos"], dy.sum(0))
+        return {"tok.w": g_tok, "pos.w": g_pos}
+
+    def flops(self, shape):
+        return {"forward": 0, "backward_input": 0, "backward_weight": 0}
+
+
+class ParallelHead:
+    """logits = LN(x) @ W, W (d, vocab) split by vocabulary: this rank's columns (b, n, V/t)."""
+
+    charges_itself = True
+
+    def __init__(self, regions, d_model, vocab):
+        self.r, self.d, self.vocab = regions, d_model, vocab
+
+    def placements(self):
+        sp = ("tp",) if self.r.sp else ()
+        return {"ln.g": Placement(partial=sp), "ln.b": Placement(partial=sp), "proj.w": Placement((("tp", 1),))}
+
+    def forward(self, P, x):
+        self.r.comm.compute(kernel=memory_bound(2 * x.nbytes), name="final norm")
+        h = layer_norm(x, P["ln.g"], P["ln.b"])
+        hg = self.r.gather(h)  # the whole sequence under SP; f (identity) without
+        rows = hg.shape[0] * hg.shape[1]
+        self.r.comm.compute(kernel=gemm(rows, P["proj.w"].shape[1], self.d), name="output layer")
+        return hg @ P["proj.w"], {"x": x, "h": h}
+
+    def backward_input(self, P, cache, dlogits):
+        rows = dlogits.shape[0] * dlogits.shape[1]
+        self.r.comm.compute(kernel=gemm(rows, self.d, P["proj.w"].shape[1], count=2), name="output layer backward")
+        dh = self.r.gather_back(dlogits @ P["proj.w"].T)
+        dx, cache["ln.g"], cache["ln.b"] = layer_norm_backward(cache["x"], P["ln.g"], dh)
+        cache["dlogits"] = dlogits
+        return dx
+
+    def backward_weight(self, P, cache, dlogits):
+        if "dlogits" not in cache:
+            self.backward_input(P, cache, dlogits)
+        hg = self.r.gather(cache["h"])  # gathered again for the weight gradient, as the blocks do
+        rows = hg.shape[0] * hg.shape[1]
+        return {"proj.w": hg.reshape(rows, -1).T @ cache.pop("dlogits").reshape(rows, -1),
+                "ln.g": cache.pop("ln.g"), "ln.b": cache.pop("ln.b")}
+
+    def flops(self, shape):
+        return {"forward": 0, "backward_input": 0, "backward_weight": 0}
+
+
+class RankModel:
+    """This rank's share of ``gpt`` (an ``nn.GPT``) for ``dims`` (a ParallelDims), its
+    groups in ``comms`` (``tp``, ``cp``, ``ep``: Comm objects)."""
+
+    def __init__(self, gpt, dims, comms):
+        self.gpt, self.dims = gpt, dims
+        self.d_model, self.dtype, self.vocab = gpt.d_model, gpt.dtype, gpt.vocab
+        tp, cp, ep = comms["tp"], comms["cp"], comms["ep"]
+        self.tp, self.cp, self.ep = tp, cp, ep
+        regions = TPRegions(tp, dims.sequence_parallel)
+        self.regions = regions
+        self.layers = [("embed", ParallelEmbedding(regions, gpt.vocab, gpt.d_model, cp.rank, cp.size,
+                                                   dims.cp_layout))]
+        for i in range(gpt.n_layers):
+            self.layers.append((f"blocks.{i}", self._block(gpt, dims, regions, tp, cp, ep)))
+        self.layers.append(("head", ParallelHead(regions, gpt.d_model, gpt.vocab)))
+
+    def _block(self, gpt, dims, regions, tp, cp, ep):
+        core = None
+        if cp.size > 1:
+            core = (RingCore if dims.cp_attention == "ring" else UlyssesCore)(cp, True, dims.cp_layout)
+        mlp = gpt.mlp
+        if gpt.n_experts:
+            moe = MoE(gpt.d_model, gpt.d_ff, gpt.n_experts, gpt.top_k, gpt.capacity_factor, gpt.aux_loss_coef,
+                      dtype=gpt.dtype, mlp=gpt.mlp)
+            layout = dims.cp_layout
+
+            def group(batch, seq):  # the tokens of one micro-batch of one data-parallel replica
+                return TokenGroup.sequence(cp, batch, seq, layout) if cp.size > 1 else TokenGroup.local(cp, batch * seq)
+
+            mlp = ParallelMoE(moe, ep, regions, group)
+        return TensorParallelBlock(tp, gpt.d_model, gpt.n_heads, gpt.d_ff, causal=True,
+                                   sequence_parallel=dims.sequence_parallel, act_dtype=gpt.dtype,
+                                   recompute="selective" if dims.recompute == "selective" else "none",
+                                   n_kv_heads=gpt.n_kv_heads, mlp=mlp, core=core, reduce_partial_grads=False)
+
+    # ----------------------------------------------------------------- the pipeline's view
+    def boundary(self, ids_shape):
+        b, n = ids_shape
+        return (b, n // self.tp.size if self.dims.sequence_parallel else n, self.d_model), np.dtype(self.dtype)
+
+    def loss(self, logits_shard, y):
+        loss, grad = vocab_parallel_cross_entropy(self.tp, logits_shard, np.asarray(y), self.vocab)
+        return loss, grad
+
+    def loss_backward(self, grad, scale):
+        return grad * scale
+
+    # ----------------------------------------------------------------- where parameters live
+    def placements(self, names=None):
+        """{"layer.key": Placement} for the layers ``names`` (default: all)."""
+        out = {}
+        for name, layer in self.layers:
+            if names is None or name in names:
+                out.update({f"{name}.{k}": v for k, v in layer.placements().items()})
+        return out
+
+    def coords(self):
+        return {"tp": self.tp.rank, "ep": self.ep.rank}
+
+    def sizes(self):
+        return {"tp": self.tp.size, "ep": self.ep.size}
+
+
+def check_model(gpt):
+    for name in ("vocab", "d_model", "n_heads", "d_ff", "n_layers", "max_seq"):
+        if not hasattr(gpt, name):
+            raise ConfigError(f"run_on_mesh needs an nn.GPT (or a model with its attributes); {gpt!r} has no {name}")

@@ -1,0 +1,258 @@
+"""``run_on_mesh``: an ``nn.GPT`` trained on a mesh described by a
+:class:`~emulator.parallel.dims.ParallelDims`, every strategy composed, checked against
+:func:`emulator.training.train_single`.
+
+Each rank runs one program, whatever the dims:
+
+1. its groups (``tp``, ``cp``, ``pp``; ``dp x cp`` for dense gradients; ``ep`` and ``edp``
+   for experts) and its :class:`~emulator.parallel.mesh_model.RankModel`;
+2. its pipeline stage's layers (a run without pipelining is a one-stage pipeline), their
+   parameters cut from the full ones by placement;
+3. data parallelism as hooks of the stage (:class:`MeshHooks`): the stage's parameters
+   split into *units* by the group their gradients are reduced over (a block's dense
+   weights over ``dp x cp``, its experts over ``edp``), one strategy per group (DDP or
+   ZeRO-1/2/3, on the units of that group), the gradients of parameters that are partial
+   over ``tp`` (norms under sequence parallelism) summed over ``tp`` first;
+4. per batch: this replica's slice of the batch, its micro-batches, each cut along the
+   sequence for ``cp``; the schedule's actions; the loss scaled once, by ``1/(dp cp m)``
+   (the auxiliary losses by ``1/(dp m)``: they are one number per token group); then
+   reduce, clip by the global norm (every parameter counted once), apply.
+
+At the end the full parameters are put back together from every rank's (``unshard``), so
+``run.params`` compares with the single-device run:
+``run_on_mesh(model, params, batches, dims, opt)`` equals
+``train_single(model, params, batches, opt, micro_batches=dims.dp * dims.micro_batches)``.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..engine.world import World
+from ..errors import ConfigError
+from ..machine.topology import Topology
+from ..training import clip_coefficient, split_batch
+from . import STRATEGIES
+from .context_parallel.layout import split_sequence
+from .mesh_model import RankModel, check_model
+from .pipeline import PipelineStage, run_actions, schedule, split_layers
+from .pipeline.actions import stage_of
+from .placement import shard, unshard
+
+
+class _Units:
+    """What a data-parallel strategy needs of a model: ``layers``, the units in order."""
+
+    def __init__(self, names):
+        self.layers = [(n, None) for n in names]
+
+
+class MeshHooks:
+    """The stage's hooks on a mesh: each layer's parameters split by the group their
+    gradients are reduced over, one strategy per group."""
+
+    def __init__(self, comms, layer_names, params, placements, dims, opt, tp):
+        self.tp, self.placements = tp, placements
+        self.parts = {}  # layer -> [(group, unit, keys)]
+        units = {"dense": [], "experts": []}
+        flat = {"dense": {}, "experts": {}}
+        for layer in layer_names:
+            mine = {k[len(layer) + 1:]: v for k, v in params.items() if k.startswith(layer + ".")}
+            split = {"dense": [], "experts": []}
+            for key in sorted(mine):
+                split["experts" if placements[f"{layer}.{key}"].dim_of("ep") is not None else "dense"].append(key)
+            self.parts[layer] = []
+            for group, keys in split.items():
+                if keys:
+                    unit = f"{layer}:{group}"
+                    units[group].append(unit)
+                    flat[group].update({f"{unit}.{k}": mine[k] for k in keys})
+                    self.parts[layer].append((group, unit, keys))
+        self.strategies = {}
+        for group, names in units.items():
+            if names:
+                comm = comms["dp,cp"] if group == "dense" else comms["edp"]
+                self.strategies[group] = STRATEGIES[dims.zero_stage](comm, _Units(names), flat[group], opt,
+                                                                     average=False, label=group)
+        self.partial = {layer: sorted(k[len(layer) + 1:] for k, pl in placements.items()
+                                      if k.startswith(layer + ".") and "tp" in pl.partial) for layer in layer_names}
+
+    def _units_of(self, layer):
+        return self.parts.get(layer, [])
+
+    def _next_unit(self, group, upcoming):
+        return next((u for g, u, _ in self._units_of(upcoming) if g == group), None) if upcoming else None
+
+    def _gather(self, layer, upcoming, hook):
+        out = {}
+        for group, unit, _ in self._units_of(layer):
+            out.update(getattr(self.strategies[group], hook)(unit, self._next_unit(group, upcoming)))
+        return out
+
+    # ----------------------------------------------------------------- the stage's hooks
+    def params_for_forward(self, layer, upcoming):
+        return self._gather(layer, upcoming, "params_for_forward")
+
+    def after_forward(self, layer):
+        for group, unit, _ in self._units_of(layer):
+            self.strategies[group].after_forward(unit)
+
+    def params_for_backward(self, layer, upcoming):
+        return self._gather(layer, upcoming, "params_for_backward")
+
+    def grads_ready(self, layer, grads, last):
+        partial = self.partial[layer]
+        if partial and self.tp.size > 1:  # partial sums over tp (sequence parallelism): add them up
+            flat = self.tp.all_reduce(np.concatenate([grads[k].reshape(-1) for k in partial]))
+            grads, i = dict(grads), 0
+            for k in partial:
+                grads[k] = flat[i:i + grads[k].size].reshape(grads[k].shape)
+                i += grads[k].size
+        for group, unit, keys in self._units_of(layer):
+            self.strategies[group].grads_ready(unit, {k: grads[k] for k in keys}, last)
+
+    # ----------------------------------------------------------------- the step
+    def reduce_grads(self):
+        for s in self.strategies.values():
+            s.reduce_grads()
+
+    def sum_of_squares(self):
+        """This rank's share of the squared global gradient norm: each reduced gradient it
+        holds, weighted by one over the number of ranks holding the same values."""
+        total = 0.0
+        for s in self.strategies.values():
+            pieces, copies = s.owned_grads()
+            for unit, key, g in pieces:
+                layer = unit.split(":")[0]
+                pl = self.placements[f"{layer}.{key}"]
+                tp_copies = 1 if pl.dim_of("tp") is not None else self.tp.size
+                total += float(np.sum(np.square(np.asarray(g, dtype=np.float64)))) / (copies * tp_copies)
+        return total
+
+    def apply(self, grad_scale=1.0):
+        for s in self.strategies.values():
+            s.apply(grad_scale)
+
+    def local_params(self):
+        """{"layer.key": this rank's array}, or None where ZeRO-3 holds only a slice:
+        then (group, unit, flat slice) so the global view can assemble them."""
+        out, slices = {}, []
+        for group, s in self.strategies.items():
+            if s.full is not None:
+                for unit, p in s.full.items():
+                    out.update({f"{unit.split(':')[0]}.{k}": v for k, v in p.items()})
+            else:
+                slices += [(group, unit, s.layouts[unit], s.comm.ranks, s.my[unit]) for unit in s.names]
+        return out, slices
+
+
+@dataclass
+class MeshRun:
+    """What ``run_on_mesh`` returns: the full ``params`` after the steps, the ``losses``
+    per step (the mean cross-entropy), the ``world`` (trace, timeline, ledgers), the
+    ``dims``, and each rank's layers (``stages``)."""
+
+    params: dict
+    losses: list
+    world: object
+    dims: object
+    stages: list
+
+
+def groups(comm, dims):
+    """This rank's Comm objects: tp, cp, pp, dp, ``dp,cp`` and the expert groups."""
+    ranks = dims.groups_of(comm.global_rank, comm.mesh.gpus_per_node)
+    out = {a: comm.group(a) for a in ("tp", "cp", "pp", "dp")}
+    out["dp,cp"] = comm.group("dp", "cp")
+    out["ep"] = comm.new_group(ranks["ep"], label="ep") if dims.ep > 1 else comm.new_group([comm.global_rank],
+                                                                                            label="ep")
+    out["edp"] = comm.new_group(ranks["edp"], label="edp")
+    return out
+
+
+def _micro_inputs(x, y, dims, coords):
+    """This rank's micro-batches: its replica's slice, cut into micro-batches, each cut
+    along the sequence for its cp rank."""
+    xd, yd = split_batch(x, y, dims.dp, "data-parallel replicas")[coords["dp"]]
+    parts = split_batch(xd, yd, dims.micro_batches, "micro-batches")
+    if dims.cp == 1:
+        return [p[0] for p in parts], [p[1] for p in parts]
+    cut = lambda a: split_sequence(a, dims.cp, dims.cp_layout, dim=1)[coords["cp"]]  # noqa: E731
+    return [cut(p[0]) for p in parts], [cut(p[1]) for p in parts]
+
+
+def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_grad_norm=None):
+    """Train ``model`` (an ``nn.GPT``) from ``params`` on ``batches`` with the parallelism
+    ``dims``; returns a :class:`MeshRun`."""
+    check_model(model)
+    x0 = np.asarray(batches[0][0])
+    dims.validate(model, seq_len=x0.shape[1], batch=x0.shape[0])
+    topology = topology or Topology()
+    world = World(mesh=dims.mesh(topology.gpus_per_node), topology=topology)
+    names = [n for n, _ in model.layers]
+    runs = split_layers(model, dims.stages)
+    actions = schedule(dims.schedule, dims.pp, dims.micro_batches, dims.v)
+    split = any(a.kind == "W" for acts in actions for a in acts)
+    if clip_grad_norm is not None:
+        clip_coefficient(1.0, clip_grad_norm)  # checks it
+
+    def program(comm):
+        comms = groups(comm, dims)
+        coords = comm.coords()
+        rank_model = RankModel(model, dims, comms)
+        mine = [n for c in range(dims.v) for n in runs[stage_of(dims.pp, coords["pp"], c)]]
+        placements = rank_model.placements(mine)
+        local = shard(params, placements, rank_model.coords(), rank_model.sizes())
+        hooks = MeshHooks(comms, mine, local, placements, dims, optimizer, comms["tp"])
+        stage = PipelineStage(comms["pp"], rank_model, v=dims.v, split=split, hooks=hooks,
+                              recompute="full" if dims.recompute == "full" else "none", aux_factor=dims.cp,
+                              release="layer")
+        losses = []
+        for x, y in batches:
+            mx, my = _micro_inputs(np.asarray(x), np.asarray(y), dims, coords)
+            step = run_actions(comms["pp"], stage, actions[coords["pp"]], mx, my,
+                               scale=1.0 / (dims.dp * dims.cp * dims.micro_batches))
+            hooks.reduce_grads()
+            scale = 1.0
+            if clip_grad_norm is not None:
+                norm = float(np.sqrt(comm.all_reduce(np.array([hooks.sum_of_squares()]))[0]))
+                scale = clip_coefficient(norm, clip_grad_norm)
+            hooks.apply(scale)
+            stage.losses, stage.done = {}, []
+            losses.append([step[i] for i in sorted(step)])
+        full, slices = hooks.local_params()
+        return {"params": full, "slices": slices, "placements": placements, "coords": rank_model.coords(),
+                "losses": losses, "last": coords["pp"] == dims.pp - 1 and coords["tp"] == 0, "layers": mine}
+
+    results = world.run(program)
+    return MeshRun(_assemble(results, rank_sizes(dims)), _losses(results, len(batches)), world, dims,
+                   [r["layers"] for r in results])
+
+
+def rank_sizes(dims):
+    return {"tp": dims.tp, "ep": dims.ep}
+
+
+def _assemble(results, sizes):
+    """The full parameters from every rank's: ZeRO-3 slices joined over their group first."""
+    by_slice = {}
+    for r in results:
+        for group, unit, layout, ranks, flat in r["slices"]:
+            by_slice.setdefault((unit, ranks), [None] * len(ranks))
+    for gr, r in enumerate(results):
+        for group, unit, layout, ranks, flat in r["slices"]:
+            by_slice[(unit, ranks)][ranks.index(gr)] = (layout, flat)
+    per_rank = [dict(r["params"]) for r in results]
+    for gr, r in enumerate(results):
+        for group, unit, layout, ranks, flat in r["slices"]:
+            pieces = by_slice[(unit, ranks)]
+            whole = layout.unflatten(np.concatenate([f for _, f in pieces]))
+            per_rank[gr].update({f"{unit.split(':')[0]}.{k}": v for k, v in whole.items()})
+    return unshard(per_rank, [r["placements"] for r in results], [r["coords"] for r in results], sizes)
+
+
+def _losses(results, steps):
+    last = [r["losses"] for r in results if r["last"]]
+    if not last:
+        raise ConfigError("run_on_mesh: no rank of the last pipeline stage reported a loss")
+    return [float(np.mean([np.mean(ls[i]) for ls in last])) for i in range(steps)]
