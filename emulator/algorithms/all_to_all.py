@@ -24,8 +24,8 @@ def all_to_all_pairwise(chunks):
     for r, row in enumerate(chunks):
         if len(row) != n:
             raise ShapeError(f"all_to_all: rank {r} passed {len(row)} arrays; pass one per rank ({n})")
-    received = [[np.array(chunks[i][r], copy=True) for i in range(n)] for r in range(n)]
-    sizes = np.array([[np.asarray(chunks[i][j]).nbytes for j in range(n)] for i in range(n)])
+    received = [[chunks[i][r].copy() for i in range(n)] for r in range(n)]
+    sizes = np.array([[chunks[i][j].nbytes for j in range(n)] for i in range(n)])
     steps = []
     for s in range(1, n):
         src = np.arange(n)

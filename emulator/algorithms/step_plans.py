@@ -215,3 +215,29 @@ def run_plan(plan):
     else:
         steps = list(plan.gen)
     return plan.results(), plan.messages if plan.messages is not None else steps
+
+
+def shape_only_run(kind, shapes_dtype, n, op="sum", algorithm="ring", channels=1, rings_for=None):
+    """A collective on shape-only buffers (:mod:`emulator.engine.shape_only`): the shapes of
+    its results and the messages of its steps, computed as :func:`plan_all_reduce` and the
+    others compute them, without data. Rings only: a tree's messages follow its data."""
+    from ..engine.shape_only import ShapeArray
+
+    shape, dtype = shapes_dtype
+    if algorithm != "ring":
+        raise ConfigError(f"a shape-only run charges ring collectives; {kind} with algorithm={algorithm!r} needs data")
+    total = math.prod(shape)
+    if kind == "all_gather":
+        q, bounds = ring.layout(n * total, n, channels)
+        cb = ring.chunk_bytes(n * total, n, q, bounds, dtype.itemsize)
+        out = (n * shape[0],) + tuple(shape[1:])
+    else:
+        q, bounds = ring.layout(total, n, channels)
+        cb = ring.chunk_bytes(total, n, q, bounds, dtype.itemsize)
+        out = shape if kind == "all_reduce" else (shape[0] // n,) + tuple(shape[1:])
+    rings = _rings(n, len(bounds) - 1, rings_for)
+    if kind == "all_reduce":
+        steps = ring.all_reduce_messages(n, cb, rings)
+    else:
+        steps = ring.messages(n, "reduce-scatter" if kind == "reduce_scatter" else "all-gather", cb, rings)
+    return [ShapeArray(out, dtype) for _ in range(n)], steps

@@ -16,15 +16,31 @@ from .clock import collective_stream
 from ..errors import CollectiveMismatchError, ConfigError, GroupError, PeerError, ShapeError
 from .p2p import PointToPoint
 from .rendezvous import Handle, Rendezvous
+from .shape_only import is_shape_only
+
+
+def _array(x):
+    """``x`` as an array: itself if it is one (a shape-only array included)."""
+    return x if isinstance(x, np.ndarray) or is_shape_only(x) else np.asarray(x)
 
 
 def _signature(name, x, **extra):
-    a = x if isinstance(x, np.ndarray) else np.asarray(x)
+    a = _array(x)
     return (name, a.shape, a.dtype, tuple(extra.items()))
 
 
 def _nbytes(x):
-    return x.nbytes if isinstance(x, np.ndarray) else np.asarray(x).nbytes
+    return _array(x).nbytes
+
+
+def _ring_run(kind, op, alg, c, rings, plan):
+    """What runs when the last member arrives: the plan on the data, or, for shape-only
+    buffers, its shapes and messages."""
+    def run(bufs):
+        if is_shape_only(bufs[0]):
+            return P.shape_only_run(kind, (bufs[0].shape, bufs[0].dtype), len(bufs), op, alg, c, rings)
+        return P.run_plan(plan(bufs))
+    return run
 
 
 def _format_signature(sig):
@@ -180,7 +196,7 @@ class Comm(PointToPoint):
 
     def _check_op(self, op, x):
         if op != "sum":  # sum works on every dtype
-            P.check_op(op, x.dtype if isinstance(x, np.ndarray) else np.asarray(x).dtype,
+            P.check_op(op, _array(x).dtype,
                        who=f"rank {self.global_rank}: ")
 
     def _rings_for(self):
@@ -194,32 +210,32 @@ class Comm(PointToPoint):
         alg, c = self._algorithm(algorithm), self._channels(channels)
         sig = _signature("all_reduce", x, op=op, algorithm=alg, channels=c)
         rings = self._rings_for()
-        return self._collective("all_reduce", sig, x, _nbytes(x),
-                                lambda b: P.run_plan(P.plan_all_reduce(b, op, alg, c, rings)), async_op)
+        return self._collective("all_reduce", sig, x, _nbytes(x), _ring_run(
+            "all_reduce", op, alg, c, rings, lambda b: P.plan_all_reduce(b, op, alg, c, rings)), async_op)
 
     def reduce_scatter(self, x, op="sum", async_op=False, algorithm=None, channels=None):
         """x is split along dim 0 into ``size`` equal chunks; rank r gets op over ranks of chunk r."""
         self._check_op(op, x)
         alg, c = self._algorithm(algorithm), self._channels(channels)
-        a = np.asarray(x)
+        a = _array(x)
         if a.ndim == 0 or a.shape[0] % self.size:
             raise ShapeError(f"rank {self.global_rank}: reduce_scatter on group {self.label} needs dim 0 divisible "
                              f"by the group size {self.size}, got shape {a.shape}; pad dim 0 to a multiple of "
                              f"{self.size}")
         sig = _signature("reduce_scatter", x, op=op, algorithm=alg, channels=c)
         rings = self._rings_for()
-        return self._collective("reduce_scatter", sig, x, a.nbytes,
-                                lambda b: P.run_plan(P.plan_reduce_scatter(b, op, alg, c, rings)), async_op)
+        return self._collective("reduce_scatter", sig, x, a.nbytes, _ring_run(
+            "reduce_scatter", op, alg, c, rings, lambda b: P.plan_reduce_scatter(b, op, alg, c, rings)), async_op)
 
     def all_gather(self, x, async_op=False, algorithm=None, channels=None):
         """Every rank gets the concatenation along dim 0 of x from every rank, in rank order."""
         alg, c = self._algorithm(algorithm), self._channels(channels)
-        if np.asarray(x).ndim == 0:
+        if _array(x).ndim == 0:
             raise ShapeError(f"rank {self.global_rank}: all_gather needs at least one dim, got a 0-d array")
         sig = _signature("all_gather", x, algorithm=alg, channels=c)
         rings = self._rings_for()
-        return self._collective("all_gather", sig, x, np.asarray(x).nbytes,
-                                lambda b: P.run_plan(P.plan_all_gather(b, alg, c, rings)), async_op)
+        return self._collective("all_gather", sig, x, _nbytes(x), _ring_run(
+            "all_gather", "sum", alg, c, rings, lambda b: P.plan_all_gather(b, alg, c, rings)), async_op)
 
     def broadcast(self, x, src=0, async_op=False, algorithm="tree"):
         """Every rank gets a copy of group rank ``src``'s x (every rank passes an x of that shape)."""
@@ -237,18 +253,18 @@ class Comm(PointToPoint):
         if len(chunks) != self.size:
             raise ShapeError(f"rank {self.global_rank}: all_to_all got {len(chunks)} chunks; "
                              f"pass exactly one per rank of group {self.label} ({self.size})")
-        dtypes = {np.asarray(c).dtype for c in chunks}
+        dtypes = {_array(c).dtype for c in chunks}
         if len(dtypes) > 1:
             raise ShapeError(f"rank {self.global_rank}: all_to_all chunks mix dtypes {sorted(map(str, dtypes))}")
         sig = f"all_to_all(n_chunks={len(chunks)}, dtype={dtypes.pop()})"
-        nbytes = sum(np.asarray(c).nbytes for c in chunks)
+        nbytes = sum(_nbytes(c) for c in chunks)
         return self._collective("all_to_all", sig, list(chunks), nbytes, A.all_to_all_pairwise, async_op)
 
     def all_to_all_single(self, x, output_split_sizes=None, input_split_sizes=None, async_op=False):
         """Split ``x`` along dim 0 by ``input_split_sizes`` (None: equal parts), send part i
         to rank i, and return what every rank sent here, concatenated in rank order along
         dim 0 (``output_split_sizes[i]`` rows from rank i; None: whatever they send)."""
-        x = np.asarray(x)
+        x = _array(x)
         in_sizes = A.split_sizes(x, self.size, input_split_sizes, "input_split_sizes", self.global_rank)
         out_sizes = None if output_split_sizes is None else \
             A.split_sizes(x, self.size, output_split_sizes, "output_split_sizes", self.global_rank)

@@ -25,6 +25,7 @@ from .clock import p2p_stream
 from ..errors import CollectiveMismatchError, ConfigError, PeerError
 from ..algorithms.steps import Messages
 from .rendezvous import Handle
+from .shape_only import is_shape_only
 
 DEADLOCK_HINT = (
     "hint: on NCCL, as here, a send completes only once the receiver posts the matching recv, so ranks "
@@ -100,7 +101,7 @@ class PointToPoint:
         src, dst = (me, g_peer) if kind == "send" else (g_peer, me)
         box = w._p2p.setdefault((self.ranks, src, dst), ([], []))
         mine, other = (box[0], box[1]) if kind == "send" else (box[1], box[0])
-        data = np.array(array, copy=True) if kind == "send" else None
+        data = (array.copy() if is_shape_only(array) else np.array(array, copy=True)) if kind == "send" else None
         buffer = array if kind == "recv" else None
         nbytes = data.nbytes if data is not None else (buffer.nbytes if buffer is not None else None)
         call = Call(kind, self.label, nbytes, g_peer)
@@ -147,7 +148,7 @@ class PointToPoint:
     def irecv(self, buffer_or_src, src=None):
         """Post a receive: ``irecv(src)`` or ``irecv(buffer, src)``; returns a handle whose
         ``wait()`` returns the received array."""
-        if isinstance(buffer_or_src, np.ndarray):
+        if isinstance(buffer_or_src, np.ndarray) or is_shape_only(buffer_or_src):
             if src is None:
                 raise PeerError(f"rank {self.global_rank}: irecv(buffer, src) needs the source rank")
             return self._post("recv", buffer_or_src, src)

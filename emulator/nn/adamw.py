@@ -25,8 +25,8 @@ class AdamW:
 
     def init(self, params):
         state = {"t": 0,
-                 "m": {k: np.zeros(v.shape, self._state_dtype(v)) for k, v in params.items()},
-                 "v": {k: np.zeros(v.shape, self._state_dtype(v)) for k, v in params.items()}}
+                 "m": {k: np.zeros_like(v, dtype=self._state_dtype(v)) for k, v in params.items()},
+                 "v": {k: np.zeros_like(v, dtype=self._state_dtype(v)) for k, v in params.items()}}
         if self.mixed_precision:
             for k, v in params.items():
                 if v.dtype != bfloat16:

@@ -23,6 +23,7 @@ as the 6ND rule and MFU count them; elementwise work (norms, GELU, softmax) is l
 import numpy as np
 
 from ..errors import ConfigError
+from ..records.memory import is_array, memory_key
 
 NO_FLOPS = {"forward": 0, "backward_input": 0, "backward_weight": 0}
 
@@ -81,8 +82,8 @@ def cache_bytes(cache, prefix=""):
             for k, v in obj.items():
                 if k != "dys":
                     walk(v, f"{path}.{k}" if path else str(k))
-        elif isinstance(obj, np.ndarray):
-            key = (obj.__array_interface__["data"][0], obj.nbytes)
+        elif is_array(obj):
+            key = memory_key(obj)
             if key not in seen:
                 seen.add(key)
                 out[path] = obj.nbytes

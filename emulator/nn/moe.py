@@ -118,8 +118,8 @@ def experts_forward(params, xs, counts):
         return _swiglu_experts_forward(params, xs, counts)
     w1, b1, w2, b2 = (params[k] for k in EXPERT_KEYS)
     starts = np.concatenate([[0], np.cumsum(counts)])
-    h = np.empty((len(xs), w1.shape[2]), xs.dtype)
-    ys = np.empty((len(xs), w2.shape[2]), xs.dtype)
+    h = np.empty_like(xs, shape=(len(xs), w1.shape[2]))
+    ys = np.empty_like(xs, shape=(len(xs), w2.shape[2]))
     for e in range(len(counts)):
         r = slice(starts[e], starts[e + 1])
         h[r] = xs[r] @ w1[e] + b1[e]
@@ -130,9 +130,9 @@ def experts_forward(params, xs, counts):
 def _swiglu_experts_forward(params, xs, counts):
     wg, wu, wd = (params[k] for k in SWIGLU_EXPERT_KEYS)
     starts = np.concatenate([[0], np.cumsum(counts)])
-    g = np.empty((len(xs), wg.shape[2]), xs.dtype)
+    g = np.empty_like(xs, shape=(len(xs), wg.shape[2]))
     u = np.empty_like(g)
-    ys = np.empty((len(xs), wd.shape[2]), xs.dtype)
+    ys = np.empty_like(xs, shape=(len(xs), wd.shape[2]))
     for e in range(len(counts)):
         r = slice(starts[e], starts[e + 1])
         g[r], u[r] = xs[r] @ wg[e], xs[r] @ wu[e]

@@ -47,7 +47,7 @@ def assemble(model, params0, shards_by_rank):
 
 from .dims import ParallelDims  # noqa: E402 -- after STRATEGIES, which the runtime uses
 from .placement import Placement, shard, unshard  # noqa: E402
-from .runtime import MeshRun, run_on_mesh  # noqa: E402
+from .runtime import MeshRun, run_on_mesh, shape_only_batches  # noqa: E402
 
 __all__ = ["DDP", "ZeRO1", "ZeRO2", "ZeRO3", "STRATEGIES", "NAMES", "data_parallel", "assemble", "ParallelDims",
-           "Placement", "shard", "unshard", "run_on_mesh", "MeshRun"]
+           "Placement", "shard", "unshard", "run_on_mesh", "MeshRun", "shape_only_batches"]

@@ -21,6 +21,7 @@ import math
 
 import numpy as np
 
+from ..engine.shape_only import contiguous
 from ..errors import ConfigError
 from ..machine.kernels import attention as attention_kernel
 from ..nn.attention import repeat_kv, sum_kv
@@ -87,12 +88,12 @@ class DenseCore:
 
     def backward(self, c, do):
         w = do.dtype
-        q, k, v = (np.asarray(a, dtype=w) for a in (c["Q and K"]["Q"], c["Q and K"]["K"], c["V"]))
+        q, k, v = (a.astype(w, copy=False) for a in (c["Q and K"]["Q"], c["Q and K"]["K"], c["V"]))
         g = q.shape[1] // k.shape[1]
         if "softmax output" in c:
-            p = np.asarray(c["softmax output"], dtype=w)
+            p = c["softmax output"].astype(w, copy=False)
             mask = c.get("softmax dropout mask")
-            pd = np.asarray(c["dropout output (times V)"], dtype=w) if self.p else p
+            pd = c["dropout output (times V)"].astype(w, copy=False) if self.p else p
         else:  # selective recomputation: the s^2 terms again, from Q and K
             p, mask = self._probs(q, k)
             pd = drop(p, mask, self.p)
@@ -134,13 +135,13 @@ class UlyssesCore:
             raise ConfigError(f"rank {self.cp.global_rank}: Ulysses gives each of the {c} context-parallel ranks "
                               f"whole heads; {t.shape[1]} heads do not split")
         g = t.shape[1] // c
-        return np.concatenate(self.cp.all_to_all([np.ascontiguousarray(t[:, j * g:(j + 1) * g]) for j in range(c)]),
+        return np.concatenate(self.cp.all_to_all([contiguous(t[:, j * g:(j + 1) * g]) for j in range(c)]),
                               axis=2)
 
     def _to_positions(self, t, n):
         """The inverse: (b, h/c, s, dh) -> (b, h, n, dh)."""
         c = self.cp.size
-        return np.concatenate(self.cp.all_to_all([np.ascontiguousarray(t[:, :, j * n:(j + 1) * n])
+        return np.concatenate(self.cp.all_to_all([contiguous(t[:, :, j * n:(j + 1) * n])
                                                   for j in range(c)]), axis=1)
 
     def _allowed(self, n):

@@ -55,9 +55,10 @@ class DDP(DataParallelStrategy):
             if not any(layer == name for layer, *_ in bucket):
                 continue
             if i not in self.flat:  # the bucket's storage, allocated by its first gradient
-                dtype = next(iter(grads.values())).dtype
                 size = bucket[-1][2] + bucket[-1][3]
-                self.flat[i] = self.memory.hold(self.entry(f"grads:bucket{i}"), np.zeros(size, dtype), "grads")
+                first = next(iter(grads.values()))
+                self.flat[i] = self.memory.hold(self.entry(f"grads:bucket{i}"), np.zeros_like(first, shape=(size,)),
+                                                "grads")
             for layer, key, off, numel in bucket:
                 if layer == name:
                     self.flat[i][off:off + numel] += grads[key].reshape(-1)

@@ -162,7 +162,7 @@ class ParallelMoE:
         order, tokens, back, regroup = cache["order"], cache["tokens"], cache["back"], cache["kept"]
         send_splits, recv_splits = cache["splits"]
         w_flat = cache["weights"].ravel()
-        dweights = np.zeros(len(w_flat), dy2.dtype)
+        dweights = np.zeros_like(dy2, shape=(len(w_flat),))
         dweights[order] = (dy2[tokens[order]] * back).sum(-1)
         if self.tp.size > 1:  # each tp rank's outputs are partial sums: so are these
             dweights = self.tp.all_reduce(dweights)
@@ -172,7 +172,7 @@ class ParallelMoE:
         dxs = experts_backward_input(experts, cache["experts"], d_experts)
         grads = experts_backward_weight(experts, cache["experts"], d_experts)  # fc2.b's: whole on every tp rank
         self._charge(cache["counts"], "experts backward", passes=2)
-        dx_rows = np.empty((cache["rows"], moe.d_model), dy2.dtype)
+        dx_rows = np.empty_like(dy2, shape=(cache["rows"], moe.d_model))
         dx_rows[regroup] = dxs
         dx_back = self.ep.all_to_all_single(dx_rows, send_splits, recv_splits)
         extra = moe.aux_loss_coef * cache.get("aux_scale", 1.0) * cache["aux_dp"] if moe.aux_loss_coef else None

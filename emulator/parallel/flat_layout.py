@@ -33,8 +33,8 @@ class FlatLayout:
         return cls(names, shapes, offsets, size, -(-size // n) * n)
 
     def flatten(self, params, dtype=None):
-        dtype = dtype or params[self.names[0]].dtype
-        flat = np.zeros(self.padded, dtype)
+        first = params[self.names[0]]
+        flat = np.zeros_like(first, shape=(self.padded,), dtype=dtype or first.dtype)
         for k, off, shape in zip(self.names, self.offsets, self.shapes):
             flat[off:off + int(np.prod(shape))] = params[k].reshape(-1)
         return flat

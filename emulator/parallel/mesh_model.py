@@ -52,7 +52,6 @@ class ParallelEmbedding:
         return positions(self.cp_rank, self.cp_size, n, self.layout) if self.cp_size > 1 else np.arange(n)
 
     def forward(self, P, ids):
-        ids = np.asarray(ids)
         lo, hi = vocab_range(self.r.comm, self.vocab)
         mine = (ids >= lo) & (ids < hi)
         part = np.where(mine[..., None], P["tok.w"][np.where(mine, ids - lo, 0)], 0).astype(P["tok.w"].dtype)
@@ -161,7 +160,7 @@ class RankModel:
         return (b, n // self.tp.size if self.dims.sequence_parallel else n, self.d_model), np.dtype(self.dtype)
 
     def loss(self, logits_shard, y):
-        loss, grad = vocab_parallel_cross_entropy(self.tp, logits_shard, np.asarray(y), self.vocab)
+        loss, grad = vocab_parallel_cross_entropy(self.tp, logits_shard, y, self.vocab)
         return loss, grad
 
     def loss_backward(self, grad, scale):

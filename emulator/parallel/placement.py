@@ -34,15 +34,11 @@ class Placement:
         return dict(self.shards).get(axis)
 
     def local(self, full, coords, sizes):
-        """This rank's block of the full array ``full``."""
-        out = full
+        """This rank's block of the full array ``full`` (a copy)."""
         for axis, dim in self.shards:
-            n, i = sizes[axis], coords[axis]
-            if out.shape[dim] % n:
-                raise ConfigError(f"a dim of {out.shape[dim]} does not split over {axis}={n}")
-            b = out.shape[dim] // n
-            out = np.take(out, np.arange(i * b, (i + 1) * b), axis=dim)
-        return np.array(out, copy=True)
+            if full.shape[dim] % sizes[axis]:
+                raise ConfigError(f"a dim of {full.shape[dim]} does not split over {axis}={sizes[axis]}")
+        return full[self.index(full.shape, coords, sizes)].copy()
 
     def index(self, full_shape, coords, sizes):
         """The slices of the full array this rank's block covers."""

@@ -22,12 +22,18 @@ At the end the full parameters are put back together from every rank's (``unshar
 ``run.params`` compares with the single-device run:
 ``run_on_mesh(model, params, batches, dims, opt)`` equals
 ``train_single(model, params, batches, opt, micro_batches=dims.dp * dims.micro_batches)``.
+
+``shape_only=True`` runs the same programs on arrays without values
+(:mod:`emulator.engine.shape_only`): ``params`` may be None, ``batches`` may be
+:func:`shape_only_batches`; the trace, the ledgers and the timeline are what the data run
+would give (a router routes evenly), and ``run.params`` is None.
 """
 
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..engine.shape_only import ShapeArray, is_shape_only, shape_only_params
 from ..engine.world import World
 from ..errors import ConfigError
 from ..machine.topology import Topology
@@ -126,7 +132,7 @@ class MeshHooks:
                 layer = unit.split(":")[0]
                 pl = self.placements[f"{layer}.{key}"]
                 tp_copies = 1 if pl.dim_of("tp") is not None else self.tp.size
-                total += float(np.sum(np.square(np.asarray(g, dtype=np.float64)))) / (copies * tp_copies)
+                total += float(np.sum(np.square(g.astype(np.float64)))) / (copies * tp_copies)
         return total
 
     def apply(self, grad_scale=1.0):
@@ -177,16 +183,31 @@ def _micro_inputs(x, y, dims, coords):
     parts = split_batch(xd, yd, dims.micro_batches, "micro-batches")
     if dims.cp == 1:
         return [p[0] for p in parts], [p[1] for p in parts]
-    cut = lambda a: split_sequence(a, dims.cp, dims.cp_layout, dim=1)[coords["cp"]]  # noqa: E731
+    if is_shape_only(x):  # the shard's shape: (b, s / cp)
+        cut = lambda a: ShapeArray((a.shape[0], a.shape[1] // dims.cp), a.dtype)  # noqa: E731
+    else:
+        cut = lambda a: split_sequence(a, dims.cp, dims.cp_layout, dim=1)[coords["cp"]]  # noqa: E731
     return [cut(p[0]) for p in parts], [cut(p[1]) for p in parts]
 
 
-def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_grad_norm=None):
+def shape_only_batches(steps, batch, seq):
+    """``steps`` global batches of ``batch`` sequences of ``seq`` token ids, without values."""
+    x = ShapeArray((batch, seq), np.int64)
+    return [(x, x)] * steps
+
+
+def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_grad_norm=None, shape_only=False):
     """Train ``model`` (an ``nn.GPT``) from ``params`` on ``batches`` with the parallelism
     ``dims``; returns a :class:`MeshRun`."""
     check_model(model)
-    x0 = np.asarray(batches[0][0])
-    dims.validate(model, seq_len=x0.shape[1], batch=x0.shape[0])
+    if shape_only:
+        params = shape_only_params(model) if params is None else {k: ShapeArray(v.shape, v.dtype)
+                                                                   for k, v in params.items()}
+        batches = [tuple(a if is_shape_only(a) else ShapeArray(np.shape(a), np.int64) for a in b) for b in batches]
+    elif params is None:
+        raise ConfigError("run_on_mesh needs the model's params (or shape_only=True)")
+    x0 = batches[0][0]
+    dims.validate(model, seq_len=np.shape(x0)[1], batch=np.shape(x0)[0])
     topology = topology or Topology()
     world = World(mesh=dims.mesh(topology.gpus_per_node), topology=topology)
     names = [n for n, _ in model.layers]
@@ -209,7 +230,7 @@ def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_gra
                               release="layer")
         losses = []
         for x, y in batches:
-            mx, my = _micro_inputs(np.asarray(x), np.asarray(y), dims, coords)
+            mx, my = _micro_inputs(x, y, dims, coords)
             step = run_actions(comms["pp"], stage, actions[coords["pp"]], mx, my,
                                scale=1.0 / (dims.dp * dims.cp * dims.micro_batches))
             hooks.reduce_grads()
@@ -225,8 +246,8 @@ def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_gra
                 "losses": losses, "last": coords["pp"] == dims.pp - 1 and coords["tp"] == 0, "layers": mine}
 
     results = world.run(program)
-    return MeshRun(_assemble(results, rank_sizes(dims)), _losses(results, len(batches)), world, dims,
-                   [r["layers"] for r in results])
+    full = None if shape_only else _assemble(results, rank_sizes(dims))
+    return MeshRun(full, _losses(results, len(batches)), world, dims, [r["layers"] for r in results])
 
 
 def rank_sizes(dims):

@@ -19,6 +19,7 @@ probability sums) gives every rank what it needs, so each rank drops its own ass
 import numpy as np
 
 from ..errors import ConfigError
+from ..engine.shape_only import is_shape_only
 from .context_parallel.layout import chunks_of
 
 
@@ -60,6 +61,8 @@ class TokenGroup:
         per_run = np.stack([np.bincount(flat[a:b], minlength=n_experts) for a, b in zip(bounds, bounds[1:])])
         keys = np.array([k for k, _ in self.runs], dtype=np.float64)
         p_sum, tokens = probs.sum(0), self.n_local
+        if is_shape_only(p_sum):  # no values: the sums only matter to the auxiliary loss's value
+            p_sum = np.zeros(n_experts)
         if self.comm is not None and self.comm.size > 1:  # every rank's runs, counts and sums
             mine = np.concatenate([keys, per_run.ravel(), p_sum, [self.n_local]]).astype(np.float64)
             table = self.comm.all_gather(mine[None])

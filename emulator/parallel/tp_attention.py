@@ -81,11 +81,11 @@ class ParallelAttention:
     def _gathered_input(self, c, dtype, async_op=False):
         """The projections' whole input for their weight gradients: kept, or gathered again."""
         if "gathered input" in c:
-            return ready(np.asarray(c["gathered input"], dtype=dtype), async_op)
-        return self.r.gather(np.asarray(c["q, k, v projections' input"], dtype=dtype), async_op=async_op)
+            return ready(c["gathered input"].astype(dtype, copy=False), async_op)
+        return self.r.gather(c["q, k, v projections' input"].astype(dtype, copy=False), async_op=async_op)
 
     def _weight_grads(self, c, do, dy_local, dqkv, xg):
-        ctx = np.asarray(c["output projection input"], dtype=do.dtype)
+        ctx = c["output projection input"].astype(do.dtype, copy=False)
         rows = do.shape[0] * do.shape[1]
         self._gemm(self.d, ctx.shape[-1], rows, "weight gradients", count=1)
         self._gemm(xg.shape[-1], sum(g.shape[-1] for g in dqkv), rows, "weight gradients")

@@ -92,7 +92,7 @@ class TensorParallelBlock:
 
     # ----------------------------------------------------------------- helpers
     def _keep(self, x):
-        return np.asarray(x, dtype=self.act)
+        return x.astype(self.act, copy=False)
 
     def _mask(self, which, x):
         """The dropout mask of ``x`` (b, s_local, d) at this rank's global positions."""
@@ -133,13 +133,13 @@ class TensorParallelBlock:
     # ----------------------------------------------------------------- backward
     def _cache(self, P, c, dy):
         if "layer input" in c:  # full recomputation: run the forward again first
-            _, again = self._forward(P, np.asarray(c["layer input"], dtype=dy.dtype))
+            _, again = self._forward(P, c["layer input"].astype(dy.dtype, copy=False))
             c.clear()
             c.update(again)
         return c
 
     def _norm_back(self, c, name, P, d):
-        x = np.asarray(c[{"ln1": "LayerNorm 1 input", "ln2": "LayerNorm 2 input"}[name]], dtype=d.dtype)
+        x = c[{"ln1": "LayerNorm 1 input", "ln2": "LayerNorm 2 input"}[name]].astype(d.dtype, copy=False)
         dx, dg, db = layer_norm_backward(x, P[f"{name}.g"], d)
         c.setdefault("norm grads", {}).update({f"{name}.g": dg, f"{name}.b": db})
         return dx

@@ -69,8 +69,8 @@ class ParallelMLP:
         dh = dz @ P[f"{self.narrow}.w"].T
         w = dz.dtype
         if self.kind == "gelu":
-            return [gelu_backward(np.asarray(c["GELU input"], dtype=w), dh)]
-        g, u = np.asarray(c["gate output"], dtype=w), np.asarray(c["up output"], dtype=w)
+            return [gelu_backward(c["GELU input"].astype(w, copy=False), dh)]
+        g, u = c["gate output"].astype(w, copy=False), c["up output"].astype(w, copy=False)
         return [silu_backward(g, dh * u), silu(g) * dh]
 
     def _input_grad(self, P, dw):
@@ -80,12 +80,12 @@ class ParallelMLP:
 
     def _gathered_input(self, c, dtype, async_op=False):
         if "gathered input" in c:
-            return ready(np.asarray(c["gathered input"], dtype=dtype), async_op)
-        return self.r.gather(np.asarray(c["fc1 input"], dtype=dtype), async_op=async_op)
+            return ready(c["gathered input"].astype(dtype, copy=False), async_op)
+        return self.r.gather(c["fc1 input"].astype(dtype, copy=False), async_op=async_op)
 
     def _weight_grads(self, c, dz, dy_local, dw, xg):
         rows = dz.shape[0] * dz.shape[1]
-        h = np.asarray(c["fc2 input"], dtype=dz.dtype)
+        h = c["fc2 input"].astype(dz.dtype, copy=False)
         self._gemm(self.ff, self.d, rows, "MLP weight gradients", count=1 + len(dw))
         grads = {f"{self.narrow}.w": h.reshape(rows, -1).T @ dz.reshape(rows, -1)}
         x2 = xg.reshape(rows, -1)

@@ -20,6 +20,8 @@ reduce-scatter of the input gradient with the weight-gradient GEMM).
 
 import numpy as np
 
+from ..engine.shape_only import contiguous
+
 SEQ = 1  # the sequence is dim 1 of (batch, sequence, hidden)
 
 
@@ -47,7 +49,7 @@ def ready(value, async_op):
 
 
 def _front(x):
-    return np.ascontiguousarray(np.moveaxis(x, SEQ, 0))
+    return contiguous(np.moveaxis(x, SEQ, 0))
 
 
 def _back(y):

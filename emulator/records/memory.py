@@ -15,6 +15,18 @@ from ..errors import MemoryLedgerError
 KINDS = ("params", "grads", "optimizer", "activations", "buffers")
 
 
+def memory_key(array):
+    """What identifies an array's memory, so that the same tensor under two names (a view,
+    or the same array twice) counts once: its first byte and its size. Shape-only arrays
+    (:mod:`emulator.engine.shape_only`) say theirs as ``memory_key``."""
+    key = getattr(array, "memory_key", None)
+    return key if key is not None else (array.__array_interface__["data"][0], array.nbytes)
+
+
+def is_array(obj):
+    return isinstance(obj, np.ndarray) or hasattr(obj, "memory_key")
+
+
 def nbytes_of(obj, top=True, seen=None):
     """Bytes of an array, of every array inside a dict/list/tuple (other entries, such as
     a step counter, count nothing), or a plain byte count. An array that appears twice
@@ -26,8 +38,8 @@ def nbytes_of(obj, top=True, seen=None):
         return sum(nbytes_of(v, False, seen) for v in obj)
     if isinstance(obj, (int, np.integer)):
         return int(obj) if top else 0
-    if isinstance(obj, np.ndarray):
-        key = (obj.__array_interface__["data"][0], obj.nbytes)
+    if is_array(obj):
+        key = memory_key(obj)
         if key in seen:
             return 0
         seen.add(key)
@@ -48,7 +60,7 @@ def _arrays(obj):
     elif isinstance(obj, (list, tuple)):
         for v in obj:
             yield from _arrays(v)
-    elif isinstance(obj, np.ndarray):
+    elif is_array(obj):
         yield obj
 
 

@@ -46,7 +46,7 @@ def run_actions(comm, stage, actions, micro_x, micro_y, scale=None):
         ops = list(outgoing)
         if src is not None and src[0] != comm.rank:
             boundary = boundary or stage.boundary(micro_x[0])
-            ops.append(P2POp(comm.irecv, np.empty(*boundary), src[0]))
+            ops.append(P2POp(comm.irecv, np.empty_like(micro_x[0], shape=boundary[0], dtype=boundary[1]), src[0]))
         handles = comm.batch_isend_irecv(ops) if ops else []
         sends += handles[:len(outgoing)]
         if src is None:
