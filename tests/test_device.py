@@ -43,11 +43,14 @@ def attention_tflops(device, fig):
 @pytest.mark.parametrize("fig", cal.PUBLISHED_GEMM, ids=lambda f: f"{f.device}-{'x'.join(map(str, f.shape))}")
 def test_gemm_matches_its_published_figure(fig):
     model = gemm_tflops(DEVICES[fig.device], fig)
-    assert within(model, fig.tflops), f"{fig.device} {fig.shape}: model {model:.0f} vs {fig.tflops} TFLOP/s ({fig.source})"
+    assert within(model, fig.tflops), f"{fig.device} {fig.shape}: model {model:.0f} vs {fig.tflops} ({fig.source})"
 
 
-@pytest.mark.parametrize("fig", cal.PUBLISHED_ATTENTION,
-                         ids=lambda f: f"{f.device}-{f.passes}-d{f.head_dim}-{'causal' if f.causal else 'full'}-{f.seqlen}")
+def attention_id(f):
+    return f"{f.device}-{f.passes}-d{f.head_dim}-{'causal' if f.causal else 'full'}-{f.seqlen}"
+
+
+@pytest.mark.parametrize("fig", cal.PUBLISHED_ATTENTION, ids=attention_id)
 def test_attention_matches_its_published_figure(fig):
     model = attention_tflops(DEVICES[fig.device], fig)
     assert within(model, fig.tflops), f"{fig}: model {model:.0f} TFLOP/s"
@@ -77,7 +80,7 @@ def test_the_citation_check_bites():
     h100 = DEVICES["H100"]
     slow = replace(h100, rates=h100.rates._replace(gemm_efficiency=0.85 * h100.rates.gemm_efficiency))
     assert not all(within(gemm_tflops(slow, f), f.tflops) for f in cal.PUBLISHED_GEMM if f.device == "H100")
-    table = {key: {d: (1.15 * r, s) for d, (r, s) in t.items()} for key, t in h100.rates.attention.items()}
+    table = tuple((p, m, d, 1.15 * r, s) for p, m, d, r, s in h100.rates.attention)
     fast = replace(h100, rates=h100.rates._replace(attention=table))
     assert not all(within(attention_tflops(fast, f), f.tflops) for f in cal.PUBLISHED_ATTENTION if f.device == "H100")
     datasheet = replace(h100, rates=h100.rates._replace(hbm_efficiency=1.0))
@@ -170,15 +173,19 @@ def test_products_count_and_head_dims_between_the_measured_ones():
     for pass_ in ("fwd", "bwd"):
         r64, r96, r128 = (h100.attention_rate(pass_, d, 4096, False) for d in (64, 96, 128))
         assert r64 < r96 < r128
-        assert h100.attention_rate(pass_, 512, 4096, False) == h100.attention_rate(pass_, 256 if pass_ == "fwd" else 128,
-                                                                                   4096, False)
+        widest = 256 if pass_ == "fwd" else 128  # clamped beyond the widest head dim measured
+        assert h100.attention_rate(pass_, 512, 4096, False) == h100.attention_rate(pass_, widest, 4096, False)
     # the masked backward loses what the masked forward loses: at long sequences the same share
     for s in (1 << 20, 1 << 24):
         ratio = h100.attention_rate("fwd", 128, s, True) / h100.attention_rate("fwd", 128, s, False)
-        assert h100.attention_rate("bwd", 128, s, True) == pytest.approx(ratio * h100.attention_rate("bwd", 128, s, False),
-                                                                        rel=1e-3)
+        expected = ratio * h100.attention_rate("bwd", 128, s, False)
+        assert h100.attention_rate("bwd", 128, s, True) == pytest.approx(expected, rel=1e-3)
     assert h100.attention_rate("bwd", 128, 2048, True) < 0.9 * h100.attention_rate("bwd", 128, 2048, False)
     assert DEVICES["A100"].time(attention(2, 8, 1024, 1024, 64, 2, 0.0)) == 0.0  # no block computed
+    # a device measured only for the unmasked forward runs every attention kernel on that curve
+    fwd_only = replace(h100, rates=h100.rates._replace(attention=h100.rates.attention[:3]))
+    for pass_, masked in (("bwd", False), ("bwd", True), ("fwd", True)):
+        assert fwd_only.attention_rate(pass_, 96, 3000, masked) == fwd_only.attention_rate("fwd", 96, 3000, False)
     assert DEVICES["A100"].time(gemm(0, 4096, 4096)) == 0.0
 
 
@@ -210,6 +217,23 @@ def test_compute_flops_stays_at_peak_while_kernels_take_the_device_rate():
     assert Topology.h100(device=Device.a100()).flops == 312e12  # a preset given a device charges its peak
 
 
+def test_a_calibrated_topology_runs_collectives_and_kernels_together():
+    topo = Topology.h200(device=Device.h200())
+    assert hash(topo) == hash(Topology.h200(device=Device.h200()))  # the engine caches tables by topology
+    w = World(16, topology=topo)
+    x = np.ones(1 << 12, np.float32)
+    k = attention(1, 16, 4096, 4096, 128, 2, 0.5)
+
+    def prog(comm):
+        comm.compute(kernel=k)
+        return comm.all_reduce(x)
+
+    out = w.run(prog)
+    assert all(np.array_equal(o, 16 * x) for o in out)
+    expected = Device.h200().time(k) + collective_time("all_reduce", x.nbytes, 16, topo)
+    assert max(w.stats().time) == pytest.approx(expected)
+
+
 # ----------------------------------------------------------------- errors
 @pytest.mark.parametrize("kwargs, says", [
     (dict(peak_flops=0), "peak_flops must be a positive number"),
@@ -223,6 +247,8 @@ def test_compute_flops_stays_at_peak_while_kernels_take_the_device_rate():
     (dict(peak_flops=1e15, ideal=False, rates=cal.RATES["H100"]._replace(launch_seconds=-1.0)),
      "overheads >= 0"),
     (dict(peak_flops=100e12, ideal=False, rates=cal.RATES["H100"]), "attention rate for fwd, d=64"),
+    (dict(peak_flops=1e15, ideal=False, rates=cal.RATES["H100"]._replace(attention=cal.RATES["H100"].attention[6:])),
+     "at least an unmasked forward row"),
 ])
 def test_bad_device_arguments_say_what_is_wrong(kwargs, says):
     with pytest.raises(ConfigError, match=re.escape(says)):
@@ -239,6 +265,8 @@ def test_bad_kernels_say_what_is_wrong():
         d.time(Kernel("gemm", -1.0, 1e6, (1, 1, 1)))
     with pytest.raises(ConfigError, match="finite flops >= 0"):
         Device.ideal_device().time(Kernel("memory", 0.0, float("inf"), ()))
+    with pytest.raises(ConfigError, match=re.escape("a fraction in (0, 1] of its score blocks, got 2.0")):
+        d.time(attention(1, 8, 1024, 1024, 128, 2, 2.0))
 
 
 # ----------------------------------------------------------------- A100 nodes

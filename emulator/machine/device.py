@@ -38,6 +38,7 @@ Nothing here was fitted to a training run's throughput.
 """
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
@@ -64,7 +65,7 @@ class Device:
     def __post_init__(self):
         for what in ("peak_flops", "hbm_bandwidth", "hbm_bytes"):
             v = getattr(self, what)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            if not (isinstance(v, numbers.Real) and math.isfinite(v) and v > 0):
                 raise ConfigError(f"Device {self.name!r}: {what} must be a positive number, got {v!r}")
         if not self.ideal:
             if not isinstance(self.rates, Rates):
@@ -76,11 +77,12 @@ class Device:
                     and r.launch_seconds >= 0):
                 raise ConfigError(f"Device {self.name!r}: efficiencies must be in (0, 1] and overheads >= 0, "
                                   f"got {r[:4]}")
-            for (pass_, masked), table in r.attention.items():
-                for d, (rate, s_half) in table.items():
-                    if not (0 < rate <= self.peak_flops and s_half >= 0):
-                        raise ConfigError(f"Device {self.name!r}: attention rate for {pass_}, d={d} must be in "
-                                          f"(0, peak] with s_half >= 0, got ({rate:g}, {s_half})")
+            for pass_, masked, d, rate, s_half in r.attention:
+                if not (0 < rate <= self.peak_flops and s_half >= 0):
+                    raise ConfigError(f"Device {self.name!r}: attention rate for {pass_}, d={d} must be in "
+                                      f"(0, peak] with s_half >= 0, got ({rate:g}, {s_half})")
+            if not any(row[:2] == ("fwd", False) for row in r.attention):
+                raise ConfigError(f"Device {self.name!r}: attention rates need at least an unmasked forward row")
 
     # ----------------------------------------------------------------- presets
     @classmethod
@@ -145,9 +147,14 @@ class Device:
     def _attention_curve(self, pass_, head_dim, masked):
         """(R, s_half) at ``head_dim``; a masked curve the papers do not show (H100's masked
         backward) takes from R and adds to s_half what masking does to the forward."""
-        table = self.rates.attention
-        if (pass_, masked) in table:
-            return _interpolate(table[pass_, masked], head_dim)
+        rows = self.rates.attention
+        table = {d: (rate, s_half) for p, m, d, rate, s_half in rows if (p, m) == (pass_, masked)}
+        if table:
+            return _interpolate(table, head_dim)
+        if not masked:  # no backward measured: the forward's curve
+            return self._attention_curve("fwd", head_dim, False)
+        if pass_ == "fwd" or not any(row[:2] == ("fwd", True) for row in rows):  # no mask measured at all
+            return self._attention_curve(pass_, head_dim, False)
         (r, s), (rf, sf), (rm, sm) = (self._attention_curve(*key) for key in
                                       ((pass_, head_dim, False), ("fwd", head_dim, False), ("fwd", head_dim, True)))
         return r * rm / rf, max(0.0, s + sm - sf)
@@ -156,14 +163,15 @@ class Device:
         if not kernel.flops:  # no score block computed: nothing is launched
             return 0.0
         b, h, s_q, s_k, d, passes, fraction = kernel.shape
+        if not 0 < fraction <= 1:
+            raise ConfigError(f"Device {self.name!r}: an attention kernel computes a fraction in (0, 1] of its "
+                              f"score blocks, got {fraction}")
         pass_ = "fwd" if passes <= 2 else "bwd"
-        full = kernel.flops / fraction
         memory = kernel.nbytes / self.achieved_hbm
-        unmasked = max(full / self.attention_rate(pass_, d, s_k, False), memory)
+        t = max(kernel.flops / fraction / self.attention_rate(pass_, d, s_k, False), memory)  # every block
         if fraction < 1:
-            masked = max(kernel.flops / self.attention_rate(pass_, d, s_k, True), memory)
-            unmasked = min(masked, unmasked)
-        return unmasked + self.rates.launch_seconds
+            t = min(t, max(kernel.flops / self.attention_rate(pass_, d, s_k, True), memory))
+        return t + self.rates.launch_seconds
 
     def _memory(self, kernel):
         return kernel.nbytes / self.achieved_hbm

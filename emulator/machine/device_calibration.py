@@ -173,26 +173,26 @@ PUBLISHED_HBM = (
 
 class Rates(NamedTuple):
     """The fitted constants of one GPU's kernels (their meaning: :class:`~emulator.machine.
-    device.Device`). ``attention`` maps (pass, masked) to {head dim: (R in FLOP/s, s_half)}."""
+    device.Device`). ``attention`` rows: (pass, masked, head dim, R in FLOP/s, s_half)."""
 
     gemm_efficiency: float
     gemm_k_overhead: int
     launch_seconds: float
     hbm_efficiency: float
-    attention: dict
+    attention: tuple
 
 
-_H100_ATTENTION = {  # FlashAttention-3, fitted to Fig. 5 and 6
-    ("fwd", False): {64: (516e12, 296), 128: (672e12, 208), 256: (790e12, 304)},
-    ("fwd", True): {64: (506e12, 856), 128: (657e12, 608), 256: (693e12, 688)},
-    ("bwd", False): {64: (495e12, 400), 128: (590e12, 424)},
-}
-_A100_UNMASKED = {64: (177e12, 176), 128: (206e12, 208)}  # FlashAttention-2, fitted to Fig. 4
-_A100_MASKED = {64: (176e12, 504), 128: (193e12, 480)}
+_H100_ATTENTION = (  # FlashAttention-3, fitted to Fig. 5 and 6
+    ("fwd", False, 64, 516e12, 296), ("fwd", False, 128, 672e12, 208), ("fwd", False, 256, 790e12, 304),
+    ("fwd", True, 64, 506e12, 856), ("fwd", True, 128, 657e12, 608), ("fwd", True, 256, 693e12, 688),
+    ("bwd", False, 64, 495e12, 400), ("bwd", False, 128, 590e12, 424),
+)
+_A100_ATTENTION = tuple(  # FlashAttention-2, fitted to Fig. 4, which times both passes together
+    (pass_, masked, d, rate, s_half) for pass_ in ("fwd", "bwd") for masked, d, rate, s_half in (
+        (False, 64, 177e12, 176), (False, 128, 206e12, 208), (True, 64, 176e12, 504), (True, 128, 193e12, 480)))
 
 RATES = {
     "H100": Rates(0.835, 512, 4e-6, 0.89, _H100_ATTENTION),
     "H200": Rates(0.835, 512, 4e-6, 0.85, _H100_ATTENTION),  # the H100's compute (MAMF: "the same")
-    "A100": Rates(0.90, 512, 8e-6, 0.82, {("fwd", False): _A100_UNMASKED, ("fwd", True): _A100_MASKED,
-                                           ("bwd", False): _A100_UNMASKED, ("bwd", True): _A100_MASKED}),
+    "A100": Rates(0.90, 512, 8e-6, 0.82, _A100_ATTENTION),
 }
