@@ -17,7 +17,7 @@ achieve instead (the figures and their sources: :mod:`emulator.machine.device_ca
   not fill the GPU). A product of m rows therefore runs at ``E * k / (k + k0)`` of the peak
   when it is large, and is bound by HBM when k or m is small (a matrix-vector product reads
   its whole weight for 2 FLOPs per element). H100: E = 0.835, k0 = 512, t0 = 4 us, so an
-  8192^3 product reaches 79% of the dense bf16 peak and a 1024^3 one 28%.
+  8192^3 product reaches 78% of the dense bf16 peak and a 1024^3 one 27%.
 * **attention** (FlashAttention: FA3 on H100/H200, FA2 on A100), per pass (forward: the
   kernel's ``passes`` <= 2; backward otherwise), head dim d and key length s::
 

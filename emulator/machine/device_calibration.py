@@ -84,7 +84,20 @@ Sources:
   (3.01 TB/s, 89.7% of peak).
 
 The fitted rates (:data:`RATES`) reproduce every figure above within 10%
-(tests/test_device.py); ``python -m benchmarks.device`` prints the model beside them.
+(tests/test_device.py); ``python -m benchmarks.device`` prints the model beside them. How
+each constant was chosen, and what no figure above pins down:
+
+* GEMM: one k0 = 512 for both GPUs; E and t0 per GPU, minimising the worst error over that
+  GPU's figures (H100 2.7%, A100 8.3%: the Azure A100 table is not smooth, its rate barely
+  rises from 2048^3 to 4096^3, 221.8 to 228.0, then jumps to 253.7 at 8192^3). No BF16 figure below 4096^3 exists
+  for H100 among the sources, so its t0 = 4 us is not fitted: it is kept below the 7.8 us
+  that a whole 1024^3 FP8 GEMM takes on H100 (274 TFLOP/s, Azure ND H100 v5, "GEMM
+  CuBLASLt"), which bounds any fixed cost per kernel there.
+* Attention: (R, s_half) per curve, fitted to its six points (worst 6%).
+* HBM: one share of the datasheet per GPU, between each GPU's copy and triad figures.
+* H200: the H100's GEMM and attention constants (same SMs and clocks; the MAMF table
+  notes "H200 is the same"); only its HBM is its own. Not checked against an H200 kernel
+  figure beyond the HBM ones.
 """
 
 from typing import NamedTuple
