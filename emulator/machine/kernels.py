@@ -2,10 +2,10 @@
 kind, its FLOPs, the bytes it moves through HBM, and its shape.
 
 * :func:`gemm` (m, n, k): C (m x n) = A (m x k) B (k x n), 2mnk FLOPs;
-* :func:`attention` (b, h, s_q, s_k, d): a fused attention kernel (FlashAttention) over
-  ``passes`` matrix products of (s_q x s_k) x d per head (forward: QK^T and PV, 2; backward:
-  QK^T again, then dV, dP, dQ, dK, 5), times the share of the score blocks it computes
-  (``fraction``: 1/2 under a causal mask);
+* :func:`attention` (b, h, s_q, s_k, d, passes, fraction): a fused attention kernel
+  (FlashAttention) over ``passes`` matrix products of (s_q x s_k) x d per head (forward:
+  QK^T and PV, 2; backward: QK^T again, then dV, dP, dQ, dK, 5), times the share of the
+  score blocks it computes (``fraction``: 1/2 under a causal mask);
 * :func:`memory_bound` (bytes): an elementwise or normalising kernel (layer norm, GELU,
   softmax, dropout, the optimizer), timed by the bytes it reads and writes.
 
@@ -34,7 +34,8 @@ def attention(b, h, s_q, s_k, d, passes=2, fraction=1.0, dtype_bytes=2):
     ``fraction`` of the score blocks."""
     flops = passes * 2.0 * b * h * s_q * s_k * d * fraction
     nbytes = dtype_bytes * b * h * d * (2 * s_q + 2 * s_k)  # Q, O in; K, V streamed (FlashAttention's IO)
-    return Kernel("attention", flops, nbytes, (int(b), int(h), int(s_q), int(s_k), int(d)))
+    shape = (int(b), int(h), int(s_q), int(s_k), int(d), int(passes), float(fraction))
+    return Kernel("attention", flops, nbytes, shape)
 
 
 def memory_bound(nbytes):

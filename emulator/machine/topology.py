@@ -48,6 +48,23 @@ NVIDIA/nccl-tests#212). NDR InfiniBand is 400 Gb/s = 50 GB/s per direction per N
 (ConnectX-7); NCCL reaches 46-48 GB/s per NIC (NVIDIA/nccl-tests#290). Latency of a few
 microseconds per hop is what nccl-tests shows for small messages. Peak dense bf16 of an
 H100/H200 SXM: 989 TFLOP/s (datasheet, without sparsity).
+
+A100 nodes (``Topology.a100()``, as NVIDIA's DGX A100, the node of its Selene cluster): 8
+A100 SXM on NVLink 3, 12 links x 25 GB/s = 300 GB/s per direction (600 GB/s both ways;
+NVIDIA A100 datasheet), and 8 HDR InfiniBand NICs of 200 Gb/s = 25 GB/s per direction, one
+per GPU ("8x200Gbit/s IB cards" on a DGX A100, NVIDIA/nccl#812). Published all_reduce bus
+bandwidths at large sizes:
+
+===========================  ================  ========  =======================================
+configuration                published busbw   model     source
+===========================  ================  ========  =======================================
+1 node x 8                   232.5 GB/s (4 GB) 232 GB/s  NVIDIA/nccl-tests#175, NVIDIA/nccl#1048
+1 node x 8                   231.6 GB/s (8 GB) 232 GB/s  Azure ND A100 v4 results, NCCL table
+2 nodes x 8                  192 GB/s          192 GB/s  NVIDIA/nccl#812 (NVIDIA, DGX A100, 8 HDR)
+===========================  ================  ========  =======================================
+
+NCCL reaches about 24 GB/s per HDR NIC (S. Jeaugey in NVIDIA/nccl#412), and the 192 GB/s of
+two DGX A100 is 8 of them. Peak dense bf16 of an A100 SXM: 312 TFLOP/s (datasheet).
 """
 
 from dataclasses import dataclass, field
@@ -91,9 +108,18 @@ PUBLISHED_ALL_REDUCE_BUSBW = (
     (4, (320, 320), "RoCE, NVLS on or off", "NVIDIA/nccl#1221"),
 )
 
+# The same for A100 nodes with one HDR NIC per GPU (test_device.py checks the model against them).
+PUBLISHED_ALL_REDUCE_BUSBW_A100 = (
+    (1, (231.6, 232.5), "one node (NVLink 3)", "NVIDIA/nccl-tests#175, NVIDIA/nccl#1048; Azure ND A100 v4"),
+    (2, (192, 192), "8 NICs x 24 GB/s", "NVIDIA/nccl#812"),
+)
+
 NVLINK_H100 = Link("NVLink 4 (H100/H200 SXM)", alpha=2e-6, beta=370e9, line_rate=450e9)
 INFINIBAND_NDR = Link("InfiniBand NDR 400 Gb/s (ConnectX-7)", alpha=5e-6, beta=48e9, line_rate=50e9)
+NVLINK_A100 = Link("NVLink 3 (A100 SXM)", alpha=2e-6, beta=232e9, line_rate=300e9)
+INFINIBAND_HDR = Link("InfiniBand HDR 200 Gb/s", alpha=5e-6, beta=24e9, line_rate=25e9)
 H100_BF16_FLOPS = 989e12
+A100_BF16_FLOPS = 312e12
 
 
 @dataclass(frozen=True)
@@ -132,14 +158,27 @@ class Topology:
     @classmethod
     def h100(cls, gpus_per_node=8, **changes):
         """DGX/HGX H100: 8 H100 SXM on NVLink 4 (NVSwitch), one ConnectX-7 NDR 400 Gb/s
-        NIC per GPU (NVIDIA DGX H100 user guide), 989 TFLOP/s bf16 each. The default."""
-        return cls(gpus_per_node, NVLINK_H100, INFINIBAND_NDR, name="H100 nodes", **changes)
+        NIC per GPU (NVIDIA DGX H100 user guide), 989 TFLOP/s bf16 each. The default.
+        Compute at peak unless ``device=`` (``Topology.h100(device=Device.h100())``)."""
+        return cls(gpus_per_node, NVLINK_H100, INFINIBAND_NDR, name="H100 nodes", **_peak_of(changes))
 
     @classmethod
     def h200(cls, gpus_per_node=8, **changes):
         """HGX H200: the H100's compute and NVLink 4 with more, faster HBM; the same
-        NDR 400 Gb/s NIC per GPU, so the same collectives."""
-        return cls(gpus_per_node, NVLINK_H100, INFINIBAND_NDR, name="H200 nodes", **changes)
+        NDR 400 Gb/s NIC per GPU, so the same collectives (``device=Device.h200()`` for
+        its HBM)."""
+        return cls(gpus_per_node, NVLINK_H100, INFINIBAND_NDR, name="H200 nodes", **_peak_of(changes))
+
+    @classmethod
+    def a100(cls, gpus_per_node=8, **changes):
+        """DGX A100 (the node of NVIDIA's Selene): 8 A100 SXM 80 GB on NVLink 3 (NVSwitch),
+        one HDR 200 Gb/s NIC per GPU, 312 TFLOP/s bf16 each (``device=Device.a100()`` for
+        achieved rates)."""
+        changes = _peak_of(changes)
+        changes.setdefault("flops", A100_BF16_FLOPS)
+        if changes.get("device") is None:
+            changes["device"] = Device.ideal_device(changes["flops"], name="ideal A100 (peak FLOP/s)")
+        return cls(gpus_per_node, NVLINK_A100, INFINIBAND_HDR, name="A100 nodes", **changes)
 
     h100_cluster = h100
 
@@ -172,6 +211,13 @@ class Topology:
         rotated by the channel's offset, so that each channel leaves a node from a
         different GPU (rail-aligned)."""
         return _rings(self.gpus_per_node, tuple(int(r) for r in ranks), int(channels))
+
+
+def _peak_of(changes):
+    """A preset given a device charges ``comm.compute(flops=...)`` at that device's peak."""
+    if changes.get("device") is not None:
+        changes.setdefault("flops", changes["device"].peak_flops)
+    return changes
 
 
 @lru_cache(maxsize=1024)
