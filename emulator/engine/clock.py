@@ -13,8 +13,20 @@ rank's clock moves to the operation's end, and the gap shows as idle.
 Times are simulated seconds, never wall time.
 """
 
-from ..machine.links import PortBook, pattern_of, port_count
+import numpy as np
+
+from ..machine.links import PortBook, pattern_of, port_count, port_tables
 from ..records.trace import Batch
+
+
+def port_map(n, topology, representative):
+    """Every port of a world of ``n`` ranks -> the same port of its rank's representative."""
+    node, nvl_out, nvl_in, nic_out, nic_in = port_tables(n, topology)
+    out = np.arange(port_count(n, topology))
+    rep = np.asarray(representative)
+    for table in (nvl_out, nvl_in, nic_out, nic_in):
+        out[table] = table[rep]
+    return out
 
 
 def collective_stream(label):
@@ -28,13 +40,16 @@ def p2p_stream(src, dst):
 class Clock:
     """The streams, port bookings, trace batches and timeline events of one run."""
 
-    def __init__(self, n, topology, patterns):
+    def __init__(self, n, topology, patterns, representative=None):
         self.n, self.topology = n, topology
         self.compute = [0.0] * n
         self.streams = {}  # (rank, stream name) -> when that stream is free
         self.events = []  # (rank, stream, kind, name, start, end, group)
         self.batches = []
         self.ports = PortBook(port_count(n, topology))
+        # a folded world: a folded rank's ports are busy exactly when its representative's
+        # are (it does the same things at the same times), so bookings live on those
+        self.port_map = None if representative is None else port_map(n, topology, representative)
         self._patterns = patterns  # timing of fixed message patterns, kept across runs
 
     def free(self, rank, stream):
@@ -65,10 +80,13 @@ class Clock:
         Returns its (start, end)."""
         pattern = self._pattern(steps, ranks) if steps else None
         duration = pattern.total if pattern else 0.0
-        start = self.ports.place(pattern.ports, duration, t0) if pattern else t0
+        ports = None
+        if pattern is not None:
+            ports = pattern.ports if self.port_map is None else np.unique(self.port_map[pattern.ports])
+        start = self.ports.place(ports, duration, t0) if pattern else t0
         end = start + duration
         if pattern is not None and len(pattern.src):
-            self.ports.book(pattern.ports, start, end)
+            self.ports.book(ports, start, end)
             self.batches.append(Batch(op, label, pattern, start))
         if end > start:
             self.events.extend([(r, s, "comm", name, start, end, label) for r, s, name in zip(ranks, streams, names)])

@@ -163,21 +163,33 @@ class Comm(PointToPoint):
                 f"every rank of a group must make the same calls in the same order")
         rv.inputs[self.rank] = payload
         rv.ready[me] = w.clock.compute[me]
-        if len(rv.inputs) == self.size:
+        if len(rv.inputs) == self._live_count():
             del w._pending[(key, seq)]
             self._complete(rv, run)
         handle = Handle(w, me, rv)
         return handle if async_op else handle.wait()
 
+    def _live_count(self):
+        w = self._world
+        if w.representative is None:
+            return self.size
+        n = w._live_counts.get(self.ranks)
+        if n is None:
+            n = w._live_counts[self.ranks] = len(w.live_members(self.ranks))
+        return n
+
     def _complete(self, rv, run):
         w = self._world
-        results, steps = run([rv.inputs[i] for i in range(self.size)])
+        inputs = rv.inputs
+        if len(inputs) < self.size:  # folded members: each as the live rank that stands for it
+            inputs = {i: inputs[i] if i in inputs else inputs[w.stand_in(self.ranks, i)] for i in range(self.size)}
+        results, steps = run([inputs[i] for i in range(self.size)])
         stream = collective_stream(self.label)
-        t0 = max(max(rv.ready[r], w.clock.free(r, stream)) for r in self.ranks)
+        t0 = max(max(rv.ready[r], w.clock.free(r, stream)) for r in rv.ready)
         _, rv.end = w.clock.charge(rv.op, self.label, steps, self.ranks, t0, [stream] * self.size,
                                    [rv.op] * self.size)
         rv.results, rv.done, rv.inputs = results, True, None
-        for r in self.ranks:
+        for r in rv.ready:
             if r != self.global_rank:
                 w._wake(r)
 

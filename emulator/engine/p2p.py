@@ -93,7 +93,13 @@ class PointToPoint:
         if peer == self.rank:
             raise PeerError(f"rank {self.global_rank}: {what} to itself (peer {peer} of group {self.label}); "
                             f"a rank keeps its own data without a message")
-        return self.ranks[int(peer)]
+        g_peer = self.ranks[int(peer)]
+        rep = self._world.representative
+        if rep is not None and rep[g_peer] != g_peer:
+            raise PeerError(f"rank {self.global_rank}: {what} to rank {g_peer}, which is folded into rank "
+                            f"{int(rep[g_peer])}; point to point may not cross a folded axis (fold only axes whose "
+                            f"ranks never talk one to one)")
+        return g_peer
 
     def _post(self, kind, array, peer):
         g_peer = self._peer(peer, kind)

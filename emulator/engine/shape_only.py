@@ -45,11 +45,17 @@ def _c_strides(shape, itemsize):
 class ShapeArray(NDArrayOperatorsMixin):
     __array_priority__ = 1000
 
+    __slots__ = ("shape", "dtype", "_strides", "offset", "base")
+
     def __init__(self, shape, dtype, strides=None, offset=0, base=None):
-        self.shape = tuple(int(n) for n in shape)
-        self.dtype = np.dtype(dtype)
-        self.strides = _c_strides(self.shape, self.dtype.itemsize) if strides is None else tuple(strides)
+        self.shape = tuple(shape) if type(shape) is tuple else tuple(int(n) for n in shape)
+        self.dtype = dtype if type(dtype) is np.dtype else np.dtype(dtype)
+        self._strides = None if strides is None else tuple(strides)  # None: C-contiguous
         self.offset, self.base = offset, base or _Base()
+
+    @property
+    def strides(self):
+        return _c_strides(self.shape, self.dtype.itemsize) if self._strides is None else self._strides
 
     # ----------------------------------------------------------------- what an array says about itself
     ndim = property(lambda self: len(self.shape))
@@ -89,7 +95,7 @@ class ShapeArray(NDArrayOperatorsMixin):
         return ShapeArray(shape, self.dtype, strides, self.offset if offset is None else offset, self.base)
 
     def _contiguous(self):
-        return self.strides == _c_strides(self.shape, self.itemsize)
+        return self._strides is None or self._strides == _c_strides(self.shape, self.itemsize)
 
     def reshape(self, *shape, order="C"):
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape

@@ -63,15 +63,36 @@ class World:
     ``"ring"``, ``"tree"`` or ``"naive"``.
     """
 
-    def __init__(self, n=None, mesh=None, topology=None, algorithm="ring"):
+    def __init__(self, n=None, mesh=None, topology=None, algorithm="ring", fold=()):
         n, self.mesh, self.topology = _mesh_and_topology(n, mesh, topology)
         if not (isinstance(n, (int, np.integer)) and n >= 1):
             raise ConfigError(f"World needs a positive number of ranks, got {n!r}")
         P.check_algorithm(algorithm, who="World: ")
         self.size = int(n)
         self.algorithm = algorithm
+        self._fold(tuple(fold))
         self._patterns = {}
+        self._live_counts = {}  # group ranks -> how many of them run
         self._reset()
+
+    def _fold(self, axes):
+        """Run one representative of each set of ranks that differ only along ``axes``
+        (symmetric axes of a shape-only run): the ranks with coordinate 0 along them are
+        *live*; every other rank stands for its representative."""
+        self.fold = axes
+        if not axes:
+            self.live, self.representative = list(range(self.size)), None
+            return
+        if self.mesh is None:
+            raise MeshError("fold= needs a World with a mesh, to know which ranks are alike")
+        for a in axes:
+            if a not in self.mesh.shape:
+                raise MeshError(f"cannot fold axis {a!r}: the mesh's axes are {list(self.mesh.axes)}")
+        grid = self.mesh._grid
+        index = tuple(slice(0, 1) if a in axes else slice(None) for a in self.mesh.axes)
+        rep = grid[index]
+        self.representative = np.broadcast_to(rep, grid.shape).reshape(-1)
+        self.live = sorted(int(r) for r in rep.reshape(-1))
 
     def __repr__(self):
         shape = f"mesh={self.mesh.shape}" if self.mesh else f"n={self.size}"
@@ -80,7 +101,7 @@ class World:
     # ----------------------------------------------------------------- state of one run
     def _reset(self):
         n = self.size
-        self.clock = Clock(n, self.topology, self._patterns)
+        self.clock = Clock(n, self.topology, self._patterns, self.representative)
         self.memory = [MemoryLedger(r, self._clock_of(r)) for r in range(n)]
         self.calls = [[] for _ in range(n)]  # per rank, the Calls it issued (emulator.records.calls)
         self._pending = {}  # (group ranks, seq) -> Rendezvous
@@ -115,19 +136,33 @@ class World:
             self._finished[rank] = True
             self._waiting.pop(rank, None)
 
-        tasks = [greenlet.greenlet(lambda r=r: body(r), parent=main) for r in range(self.size)]
+        tasks = {r: greenlet.greenlet(lambda r=r: body(r), parent=main) for r in self.live}
         self._main = main
-        self._ready.extend(range(self.size))
+        self._ready.extend(self.live)
         while self._ready and self._failure is None:
             tasks[self._ready.popleft()].switch()
-        for t in tasks:  # stop whatever still waits, running its finally blocks
+        for t in tasks.values():  # stop whatever still waits, running its finally blocks
             if t and not t.dead:
                 t.throw(greenlet.GreenletExit)
         if self._failure is not None:
             raise self._failure
-        if not all(self._finished):
+        if not all(self._finished[r] for r in self.live):
             raise DeadlockError(self._describe_deadlock())
         return results
+
+    def live_members(self, ranks):
+        """The group-local indices of ``ranks`` that run (all of them unless folded)."""
+        if self.representative is None:
+            return range(len(ranks))
+        return [i for i, r in enumerate(ranks) if self.representative[r] == r]
+
+    def stand_in(self, ranks, i):
+        """The group-local index of the live rank that stands for member ``i``."""
+        rep = int(self.representative[ranks[i]])
+        if rep not in ranks:
+            raise MeshError(f"rank {ranks[i]} is folded into rank {rep}, which is not in its group {list(ranks)}: "
+                            f"a folded axis may not be crossed by a group without the ranks that stand for it")
+        return ranks.index(rep)
 
     def _block(self, rank, why):
         """Switch away from ``rank`` until something calls ``_wake(rank)``. Callers loop
@@ -143,9 +178,9 @@ class World:
     def _describe_deadlock(self):
         lines = ["deadlock: every rank that has not returned is blocked, and nothing can complete."]
         waits = {r: (self._waiting[r]() if r in self._waiting else "is blocked")
-                 for r in range(self.size) if not self._finished[r]}
+                 for r in self.live if not self._finished[r]}
         lines += [f"  rank {r} {why}" for r, why in waits.items()]
-        done = [r for r in range(self.size) if self._finished[r]]
+        done = [r for r in self.live if self._finished[r]]
         lines.append(f"  returned already: {done if done else 'none'}")
         if any(why.startswith("waits in send(") for why in waits.values()):
             lines.append(DEADLOCK_HINT)
@@ -168,11 +203,12 @@ class World:
     def timeline(self):
         """Per-rank events on every stream (compute, comm, idle), simulated time."""
         final = self.clock.final()
-        end = max(final, default=0.0)
-        events = [Event(*e) for e in self.clock.events]
-        for r, c in enumerate(self.clock.compute):
-            if c < end:
-                events.append(Event(r, "compute", "idle", "finished", c, end))
+        live = set(self.live)
+        end = max((final[r] for r in self.live), default=0.0)
+        events = [Event(*e) for e in self.clock.events if e[0] in live]
+        for r in self.live:
+            if self.clock.compute[r] < end:
+                events.append(Event(r, "compute", "idle", "finished", self.clock.compute[r], end))
         return Timeline(events, self.size)
 
     def save_chrome_trace(self, path):

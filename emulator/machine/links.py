@@ -36,7 +36,7 @@ def port_count(world_size, topology):
 
 
 @lru_cache(maxsize=64)
-def _port_tables(world_size, topology):
+def port_tables(world_size, topology):
     """Per global rank: its node, NVLink out/in ports and NIC out/in ports."""
     r = np.arange(world_size)
     g = topology.gpus_per_node
@@ -48,7 +48,7 @@ def _port_tables(world_size, topology):
 
 def ports_of(src, dst, world_size, topology):
     """(out port, in port, crosses nodes) of messages ``src -> dst`` (global rank arrays)."""
-    node, nvl_out, nvl_in, nic_out, nic_in = _port_tables(world_size, topology)
+    node, nvl_out, nvl_in, nic_out, nic_in = port_tables(world_size, topology)
     nic = node[src] != node[dst]
     return np.where(nic, nic_out[src], nvl_out[src]), np.where(nic, nic_in[dst], nvl_in[dst]), nic
 

@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from ..engine.shape_only import contiguous
+from ..engine.shape_only import contiguous, is_shape_only
 from ..errors import ConfigError
 from ..machine.kernels import attention as attention_kernel
 from ..nn.attention import repeat_kv, sum_kv
@@ -57,7 +57,7 @@ class DenseCore:
     def _probs(self, q, k):
         b, h, s, _ = q.shape
         scores = _scores(q, repeat_kv(k, h // k.shape[1]))
-        if self.causal:
+        if self.causal and not is_shape_only(scores):  # (a shape-only mask changes nothing)
             scores = np.where(np.tri(s, dtype=bool), scores, -np.inf)
         p = softmax(scores)
         mask = None

@@ -170,6 +170,7 @@ def groups(comm, dims):
     ranks = dims.groups_of(comm.global_rank, comm.mesh.gpus_per_node)
     out = {a: comm.group(a) for a in ("tp", "cp", "pp", "dp")}
     out["dp,cp"] = comm.group("dp", "cp")
+    out["tp,pp"] = comm.group("tp", "pp")
     out["ep"] = comm.new_group(ranks["ep"], label="ep") if dims.ep > 1 else comm.new_group([comm.global_rank],
                                                                                             label="ep")
     out["edp"] = comm.new_group(ranks["edp"], label="edp")
@@ -196,9 +197,13 @@ def shape_only_batches(steps, batch, seq):
     return [(x, x)] * steps
 
 
-def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_grad_norm=None, shape_only=False):
+def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_grad_norm=None, shape_only=False,
+                fold=None):
     """Train ``model`` (an ``nn.GPT``) from ``params`` on ``batches`` with the parallelism
-    ``dims``; returns a :class:`MeshRun`."""
+    ``dims``; returns a :class:`MeshRun`. ``fold`` (shape-only runs; default ``("dp",
+    "tp")``): mesh axes whose ranks all do the same, run once per set (see
+    :class:`~emulator.engine.world.World`); the groups that cross them are charged for
+    every rank on the real topology."""
     check_model(model)
     if shape_only:
         params = shape_only_params(model) if params is None else {k: ShapeArray(v.shape, v.dtype)
@@ -209,7 +214,11 @@ def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_gra
     x0 = batches[0][0]
     dims.validate(model, seq_len=np.shape(x0)[1], batch=np.shape(x0)[0])
     topology = topology or Topology()
-    world = World(mesh=dims.mesh(topology.gpus_per_node), topology=topology)
+    if fold is None:
+        fold = ("dp", "tp") if shape_only else ()
+    if fold and not shape_only:
+        raise ConfigError("fold= needs shape_only=True: folded ranks have no data of their own")
+    world = World(mesh=dims.mesh(topology.gpus_per_node), topology=topology, fold=fold)
     names = [n for n, _ in model.layers]
     runs = split_layers(model, dims.stages)
     actions = schedule(dims.schedule, dims.pp, dims.micro_batches, dims.v)
@@ -235,8 +244,9 @@ def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_gra
                                scale=1.0 / (dims.dp * dims.cp * dims.micro_batches))
             hooks.reduce_grads()
             scale = 1.0
-            if clip_grad_norm is not None:
-                norm = float(np.sqrt(comm.all_reduce(np.array([hooks.sum_of_squares()]))[0]))
+            if clip_grad_norm is not None:  # over the model-parallel ranks, then the data-parallel ones
+                squares = comms["tp,pp"].all_reduce(np.array([hooks.sum_of_squares()]))
+                norm = float(np.sqrt(comms["dp,cp"].all_reduce(squares)[0]))
                 scale = clip_coefficient(norm, clip_grad_norm)
             hooks.apply(scale)
             stage.losses, stage.done = {}, []
@@ -247,7 +257,8 @@ def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_gra
 
     results = world.run(program)
     full = None if shape_only else _assemble(results, rank_sizes(dims))
-    return MeshRun(full, _losses(results, len(batches)), world, dims, [r["layers"] for r in results])
+    return MeshRun(full, _losses([r for r in results if r], len(batches)), world, dims,
+                   [r["layers"] if r else None for r in results])
 
 
 def rank_sizes(dims):

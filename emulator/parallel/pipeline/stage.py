@@ -128,6 +128,9 @@ class PipelineStage:
         if self.costs is not None and (len(self.costs) != 3 or min(self.costs) < 0):
             raise ConfigError(f"costs=(t_f, t_b, t_w) are three non-negative seconds per stage, got {costs!r}")
         self.label = label or (lambda action, layer, what: str(action))
+        # mixed precision: 16-bit parameters, and activations handed between layers in 16 bits
+        dtype = np.dtype(getattr(model, "dtype", np.float32))
+        self.act = dtype if dtype.kind == "V" or dtype.itemsize == 2 else None
         self.aux_factor = aux_factor
         self.saved = {}  # (mb, chunk) -> {layer: (input, cache)}
         self.grad_out = {}  # (mb, chunk) -> {layer: output gradient}, kept from B for W
@@ -217,6 +220,8 @@ class PipelineStage:
             p = upcast(self.hooks.params_for_forward(name, self._upcoming(chunk, i, 1)))
             flops = layer.flops(np.shape(h))["forward"]
             out, cache = layer.forward(p, h)
+            if self.act is not None and out is not None and out.dtype != self.act and out.dtype.kind == "f":
+                out = out.astype(self.act)
             self._charge(action, name, "F", flops, 1 / len(chunk))
             self.hooks.after_forward(name)
             kept = None if self.recompute else cache
@@ -266,6 +271,8 @@ class PipelineStage:
             nn.scale_aux_loss(cache, scale * self.aux_factor)
             outs[name] = dy
             dx = layer.backward_input(p, cache, dy)
+            if self.act is not None and dx is not None and dx.dtype != self.act:
+                dx = dx.astype(self.act)
             if self.split:  # W needs the cache, and the parameters the hooks gave (held until then)
                 saved[name] = (x, cache, raw)
                 self._charge(action, name, "B", flops["backward_input"], 1 / len(chunk))
