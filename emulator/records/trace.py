@@ -67,7 +67,9 @@ class Batch:
 class Stats:
     """Totals of a run. Indexable like a dict too: ``stats["bytes_sent"][rank]``.
 
-    ``bytes_sent_by_link[link][rank]``: bytes a rank sent over NVLink and over its NIC."""
+    ``bytes_sent_by_link[link][rank]``: bytes a rank sent over NVLink and over its NIC;
+    ``bytes_sent_by_group[(group, link)][rank]``: the same, per group (a mesh axis such as
+    ``"tp"``, or ``"dp,cp"``)."""
 
     bytes_sent: list
     bytes_received: list
@@ -76,6 +78,7 @@ class Stats:
     time: list
     messages: int = 0
     bytes_sent_by_link: dict = field(default_factory=dict)
+    bytes_sent_by_group: dict = field(default_factory=dict)
 
     def __getitem__(self, key):
         return getattr(self, key)
@@ -90,14 +93,18 @@ def stats_from(batches, world_size, clocks):
     sent = np.zeros(world_size, dtype=np.int64)
     received = np.zeros(world_size, dtype=np.int64)
     by_link = {"nvlink": np.zeros(world_size, dtype=np.int64), "nic": np.zeros(world_size, dtype=np.int64)}
-    by_op, count_by_op, count = {}, {}, 0
+    by_op, count_by_op, count, by_group = {}, {}, 0, {}
     for b in batches:
         sent += np.bincount(b.src, weights=b.nbytes, minlength=world_size).astype(np.int64)
         received += np.bincount(b.dst, weights=b.nbytes, minlength=world_size).astype(np.int64)
         for link, mask in (("nvlink", ~b.nic), ("nic", b.nic)):
-            by_link[link] += np.bincount(b.src[mask], weights=b.nbytes[mask], minlength=world_size).astype(np.int64)
+            if mask.any():
+                part = np.bincount(b.src[mask], weights=b.nbytes[mask], minlength=world_size).astype(np.int64)
+                by_link[link] += part
+                key = (b.group, link)
+                by_group[key] = by_group[key] + part if key in by_group else part
         by_op[b.op] = by_op.get(b.op, 0) + int(b.nbytes.sum())
         count_by_op[b.op] = count_by_op.get(b.op, 0) + len(b.src)
         count += len(b.src)
     return Stats(sent.tolist(), received.tolist(), by_op, count_by_op, list(map(float, clocks)), count,
-                 {k: v.tolist() for k, v in by_link.items()})
+                 {k: v.tolist() for k, v in by_link.items()}, {k: v.tolist() for k, v in by_group.items()})
