@@ -78,9 +78,6 @@ class ParallelDims:
 
     def __str__(self):
         parts = [f"{a}={getattr(self, a)}" for a in ("dp", "tp", "pp", "cp", "ep") if getattr(self, a) > 1] or ["dp=1"]
-        defaults = ParallelDims.__new__(ParallelDims)
-        for f in fields(self):
-            object.__setattr__(defaults, f.name, f.default)
         extra = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
                  if f.name not in ("dp", "tp", "pp", "cp", "ep") and getattr(self, f.name) != f.default]
         return "ParallelDims(" + ", ".join(parts + extra) + ")"

@@ -31,7 +31,7 @@ from .placement import Placement
 from .token_groups import TokenGroup
 from .tp_block import TensorParallelBlock
 from .tp_regions import TPRegions
-from .vocab_parallel import vocab_parallel_cross_entropy, vocab_range
+from .vocab_parallel import vocab_parallel_cross_entropy, vocab_parallel_embedding_backward, vocab_parallel_lookup
 
 
 class ParallelEmbedding:
@@ -52,24 +52,20 @@ class ParallelEmbedding:
         return positions(self.cp_rank, self.cp_size, n, self.layout) if self.cp_size > 1 else np.arange(n)
 
     def forward(self, P, ids):
-        lo, hi = vocab_range(self.r.comm, self.vocab)
-        mine = (ids >= lo) & (ids < hi)
-        part = np.where(mine[..., None], P["tok.w"][np.where(mine, ids - lo, 0)], 0).astype(P["tok.w"].dtype)
+        part, cache = vocab_parallel_lookup(self.r.comm, P["tok.w"], ids, self.vocab)
         self.r.comm.compute(kernel=memory_bound(2 * part.nbytes), name="embedding")
         tok = self.r.reduce(part)  # the ranks' rows summed: all-reduce, or reduce-scatter along the sequence
         pos = self._positions(ids.shape[1])
         if self.r.sp:
             pos = pos[self.r.sequence_slice(len(pos))]
-        return tok + P["pos.w"][pos], {"ids": ids, "mine": mine, "lo": lo, "pos": pos}
+        cache["pos"] = pos
+        return tok + P["pos.w"][pos], cache
 
     def backward_input(self, P, cache, dy):
         return None
 
     def backward_weight(self, P, cache, dy):
-        d_tok = self.r.reduce_back(dy)  # the whole (local cp) sequence's gradient
-        g_tok = np.zeros_like(P["tok.w"], dtype=dy.dtype)
-        rows = cache["mine"]
-        np.add.at(g_tok, cache["ids"][rows] - cache["lo"], d_tok[rows])
+        g_tok = vocab_parallel_embedding_backward(P["tok.w"], cache, self.r.reduce_back(dy))  # the whole sequence's
         g_pos = np.zeros_like(P["pos.w"], dtype=dy.dtype)
         np.add.at(g_pos, cache["pos"], dy.sum(0))
         return {"tok.w": g_tok, "pos.w": g_pos}

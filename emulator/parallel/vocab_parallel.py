@@ -25,17 +25,24 @@ def vocab_range(comm, vocab):
     return comm.rank * n, (comm.rank + 1) * n
 
 
+def vocab_parallel_lookup(comm, table_shard, ids, vocab):
+    """This rank's part of the embeddings of ``ids``: its rows for the ids in its range,
+    zeros for the others (the sum over the ranks is the lookup). Returns (part, cache)."""
+    lo, hi = vocab_range(comm, vocab)
+    mine = (ids >= lo) & (ids < hi)
+    part = np.where(mine[..., None], table_shard[np.where(mine, ids - lo, 0)], 0).astype(table_shard.dtype)
+    return part, {"ids": ids, "mine": mine, "lo": lo}
+
+
 def vocab_parallel_embedding(comm, table_shard, ids, vocab):
     """Embeddings of ``ids`` (any shape) from this rank's rows of the table, summed over
     the ranks. Returns (embeddings, cache)."""
-    lo, hi = vocab_range(comm, vocab)
-    mine = (ids >= lo) & (ids < hi)
-    local = np.where(mine[..., None], table_shard[np.where(mine, ids - lo, 0)], 0)
-    return comm.all_reduce(local), {"ids": ids, "mine": mine, "lo": lo}
+    part, cache = vocab_parallel_lookup(comm, table_shard, ids, vocab)
+    return comm.all_reduce(part), cache
 
 
 def vocab_parallel_embedding_backward(table_shard, cache, dy):
-    """Gradient of this rank's rows (no communication)."""
+    """Gradient of this rank's rows (no communication): ``dy`` is the whole embeddings'."""
     grad = np.zeros_like(table_shard, dtype=dy.dtype)
     np.add.at(grad, cache["ids"][cache["mine"]] - cache["lo"], dy[cache["mine"]])
     return grad
