@@ -27,6 +27,8 @@ notebooks: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks.collectives
 	$(PY) -m benchmarks.model
+	$(PY) -m benchmarks.device
+	$(PY) -m benchmarks.shape_only
 
 # Debian's Chromium for the browser tests (installed only when missing).
 browser-deps:
