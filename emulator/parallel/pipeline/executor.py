@@ -82,7 +82,6 @@ def blocking_loop(comm, stage, actions, micro_x, micro_y):
     """The naive loop lesson 03 provokes a deadlock with: a blocking ``recv`` before each
     action and a blocking ``send`` right after it. Right for GPipe; under 1F1B two
     neighbours send to each other at once and neither ever receives (as on NCCL)."""
-    stage.micro_batches = len(micro_x)
     for a in actions:
         src = stage.source(a)
         inbound = comm.recv(src[0]) if src else None
