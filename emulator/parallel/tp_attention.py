@@ -18,10 +18,10 @@ import numpy as np
 
 from ..machine.kernels import gemm
 from .placement import Placement
-from .tp_regions import ready
+from .tp_regions import ColumnThenRow, ready
 
 
-class ParallelAttention:
+class ParallelAttention(ColumnThenRow):
     def __init__(self, regions, d_model, n_heads, n_kv_heads, core, keep=None, keep_gathered_input=False):
         t = regions.comm.size
         self.r, self.d, self.core = regions, d_model, core
@@ -65,7 +65,7 @@ class ParallelAttention:
         return self.r.reduce(ctx @ P["o.w"]) + P["o.b"], c
 
     # ----------------------------------------------------------------- backward, in pieces
-    def _into_core(self, P, c, do):
+    def _inner(self, P, c, do):
         """The input gradient through o and the core: (dq, dk, dv) merged, (b, s, .../t)."""
         rows = do.shape[0] * do.shape[1]
         dctx = do @ P["o.w"].T
@@ -95,28 +95,3 @@ class ParallelAttention:
             grads[f"{n}.w"] = x2.T @ g.reshape(rows, -1)
             grads[f"{n}.b"] = g.sum((0, 1))
         return grads
-
-    def backward_input(self, P, c, dy):
-        do = self.r.reduce_back(dy)
-        dqkv = self._into_core(P, c, do)
-        c["backward"] = (do, dy, dqkv)
-        return self.r.gather_back(self._input_grad(P, dqkv))
-
-    def backward_weight(self, P, c, dy):
-        if "backward" not in c:
-            self.backward_input(P, c, dy)
-        do, dy_local, dqkv = c.pop("backward")
-        xg = self._gathered_input(c, do.dtype)
-        return self._weight_grads(c, do, dy_local, dqkv, xg)
-
-    def backward(self, P, c, dy):
-        """B and W together, in Megatron's order: the input's all-gather overlaps the
-        input-gradient GEMMs, the input gradient's reduce-scatter the weight GEMMs."""
-        do = self.r.reduce_back(dy)
-        dqkv = self._into_core(P, c, do)
-        pending_x = self._gathered_input(c, do.dtype, async_op=True)
-        dx_partial = self._input_grad(P, dqkv)
-        xg = pending_x.wait()
-        pending_dx = self.r.gather_back(dx_partial, async_op=True)
-        grads = self._weight_grads(c, do, dy, dqkv, xg)
-        return pending_dx.wait(), grads

@@ -148,20 +148,18 @@ class TensorParallelBlock:
         """The input gradient; the MLP's and attention's weight gradients too unless ``split``."""
         c = self._cache(P, c, dy)
         grads = {}
+
+        def through(part, name, cached, d):  # B only, or B and W together
+            if split:
+                return part.backward_input(sub(P, name), c[cached], d)
+            dx, g = part.backward(sub(P, name), c[cached], d)
+            grads.update({f"{name}.{k}": v for k, v in g.items()})
+            return dx
+
         dz = drop(dy, c.get("MLP dropout mask"), self.p)
-        if split:
-            dm = self.mlp.backward_input(sub(P, "mlp"), c["mlp"], dz)
-        else:
-            dm, g = self.mlp.backward(sub(P, "mlp"), c["mlp"], dz)
-            grads.update({f"mlp.{k}": v for k, v in g.items()})
-        dh = dy + self._norm_back(c, "ln2", P, dm)
+        dh = dy + self._norm_back(c, "ln2", P, through(self.mlp, "mlp", "mlp", dz))
         do = drop(dh, c.get("attention dropout mask"), self.p)
-        if split:
-            da = self.attn.backward_input(sub(P, "attn"), c["attention"], do)
-        else:
-            da, g = self.attn.backward(sub(P, "attn"), c["attention"], do)
-            grads.update({f"attn.{k}": v for k, v in g.items()})
-        dx = dh + self._norm_back(c, "ln1", P, da)
+        dx = dh + self._norm_back(c, "ln1", P, through(self.attn, "attn", "attention", do))
         c["dys"] = {"mlp": dz, "attention": do}
         return dx, grads
 

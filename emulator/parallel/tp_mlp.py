@@ -16,12 +16,12 @@ import numpy as np
 from ..machine.kernels import gemm, memory_bound
 from ..nn.activations import gelu, gelu_backward, silu, silu_backward
 from .placement import Placement
-from .tp_regions import ready
+from .tp_regions import ColumnThenRow, ready
 
 COLUMN_W, COLUMN_B, ROW_W = Placement((("tp", 1),)), Placement((("tp", 0),)), Placement((("tp", 0),))
 
 
-class ParallelMLP:
+class ParallelMLP(ColumnThenRow):
     def __init__(self, regions, d_model, d_ff, kind="gelu", keep=None, keep_gathered_input=False):
         self.r, self.d, self.ff, self.kind = regions, d_model, d_ff // regions.comm.size, kind
         self.keep = keep or (lambda a: a)
@@ -62,7 +62,7 @@ class ParallelMLP:
         return (y + P["fc2.b"] if self.kind == "gelu" else y), c
 
     # ----------------------------------------------------------------- backward, in pieces
-    def _into_hidden(self, P, c, dz):
+    def _inner(self, P, c, dz):
         """The gradient at the widening matrices' outputs: [du] or [dgate, dup]."""
         rows = dz.shape[0] * dz.shape[1]
         self._gemm(rows, self.ff, self.d, "MLP out backward")
@@ -95,26 +95,3 @@ class ParallelMLP:
             grads["fc2.b"] = dy_local.sum((0, 1))
             grads["fc1.b"] = dw[0].sum((0, 1))
         return grads
-
-    def backward_input(self, P, c, dy):
-        dz = self.r.reduce_back(dy)
-        dw = self._into_hidden(P, c, dz)
-        c["backward"] = (dz, dy, dw)
-        return self.r.gather_back(self._input_grad(P, dw))
-
-    def backward_weight(self, P, c, dy):
-        if "backward" not in c:
-            self.backward_input(P, c, dy)
-        dz, dy_local, dw = c.pop("backward")
-        return self._weight_grads(c, dz, dy_local, dw, self._gathered_input(c, dz.dtype))
-
-    def backward(self, P, c, dy):
-        """B and W together, in Megatron's order (see :meth:`ParallelAttention.backward`)."""
-        dz = self.r.reduce_back(dy)
-        dw = self._into_hidden(P, c, dz)
-        pending_x = self._gathered_input(c, dz.dtype, async_op=True)
-        dx_partial = self._input_grad(P, dw)
-        xg = pending_x.wait()
-        pending_dx = self.r.gather_back(dx_partial, async_op=True)
-        grads = self._weight_grads(c, dz, dy, dw, xg)
-        return pending_dx.wait(), grads

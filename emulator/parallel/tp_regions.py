@@ -90,3 +90,35 @@ class TPRegions:
         """This rank's slice of a sequence of length ``s`` (sequence parallelism)."""
         n = s // self.comm.size
         return slice(self.comm.rank * n, (self.comm.rank + 1) * n)
+
+
+class ColumnThenRow:
+    """The backward of a column-parallel part feeding a row-parallel one (attention's
+    projections, the MLP), in B, W and B+W, given four pieces of the subclass:
+    ``_inner(P, c, d_out)`` (the gradient into the column-parallel outputs),
+    ``_input_grad(P, inner)`` (the partial input gradient), ``_gathered_input(c, dtype,
+    async_op)`` and ``_weight_grads(c, d_out, dy_local, inner, xg)``."""
+
+    def backward_input(self, P, c, dy):
+        d_out = self.r.reduce_back(dy)
+        inner = self._inner(P, c, d_out)
+        c["backward"] = (d_out, dy, inner)
+        return self.r.gather_back(self._input_grad(P, inner))
+
+    def backward_weight(self, P, c, dy):
+        if "backward" not in c:
+            self.backward_input(P, c, dy)
+        d_out, dy_local, inner = c.pop("backward")
+        return self._weight_grads(c, d_out, dy_local, inner, self._gathered_input(c, d_out.dtype))
+
+    def backward(self, P, c, dy):
+        """B and W together, in Megatron's order: the input's all-gather overlaps the
+        input-gradient GEMMs, the input gradient's reduce-scatter the weight GEMMs."""
+        d_out = self.r.reduce_back(dy)
+        inner = self._inner(P, c, d_out)
+        pending_x = self._gathered_input(c, d_out.dtype, async_op=True)
+        dx_partial = self._input_grad(P, inner)
+        xg = pending_x.wait()
+        pending_dx = self.r.gather_back(dx_partial, async_op=True)
+        grads = self._weight_grads(c, d_out, dy, inner, xg)
+        return pending_dx.wait(), grads
