@@ -9,7 +9,8 @@ while it computes. After ``c - 1`` transfers every rank has seen every block.
 Under a causal mask, a query sees only keys at or before it. Blocks whose keys all come
 after all the queries are skipped, and the rest are masked by position
 (:mod:`.layout`): with the contiguous layout rank ``c - 1`` computes ``c`` blocks and rank
-0 one; with the zigzag layout every rank computes the same ``2c + 1`` half-blocks.
+0 one; with the zigzag layout every rank computes the same ``2c + 1`` of its ``4c``
+quarter-blocks (half of its queries against half of a block's keys).
 
 Backward: each rank keeps its dQ; dK and dV travel with their K/V block, collecting every
 rank's contribution, and after ``c`` transfers arrive home.
@@ -49,7 +50,7 @@ def blocks(rank, src, size, n_local, causal, layout):
 
 
 def ring_plan(size, causal=False, layout="contiguous", n_local=2):
-    """For every step and rank: (the rank whose K/V it holds, the half-blocks it computes
+    """For every step and rank: (the rank whose K/V it holds, the quarter-blocks it computes
     as (query piece, key piece) indices). What the widget draws and the ring executes."""
     plan = []
     for t in range(size):
