@@ -59,7 +59,7 @@ def hierarchical_all_to_all(comm, chunks, gpus_per_node):
     rail = comm.new_group(range(local, c, g))
     chunks = np.stack(chunks).reshape((nodes, g) + np.shape(chunks[0]))  # [dst node, dst local]
     # hop 1 (the rail, over the NICs): to node b's GPU of my index, everything bound for node b
-    hop1 = rail.all_to_all([np.ascontiguousarray(chunks[b]) for b in range(nodes)])  # from node a: [dst local]
+    hop1 = rail.all_to_all([chunks[b] for b in range(nodes)])  # from node a: [dst local]
     held = np.stack(hop1)  # [src node, dst local, ...]
     # hop 2 (NVLink): to local peer m, what every node's GPU of my index sent for m
     hop2 = intra.all_to_all([np.ascontiguousarray(held[:, m]) for m in range(g)])  # from local l: [src node]
