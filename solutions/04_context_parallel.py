@@ -97,7 +97,7 @@ print(f"at s = 131072: {activation_bytes_per_layer(131072, 1, 8192, 64) / 1e9:,.
 #
 # and at the end the output is $o / \ell$. Masked scores are $-\infty$ and add nothing.
 # Subtracting the running max is not cosmetic: $e^x$ overflows float64 once $x$ passes
-# about 709 (float32 at 88, bf16 too), and scores of trained models get there.
+# about 709 (float32 and bf16 at 88), and large scores do occur (a sharply focused head).
 #
 # **Exercise 4.1** — the online softmax. `online_update(m, l, acc, scores, v)` folds one
 # block in: `m`, `l` are (..., rows), `acc` (..., rows, d), `scores` (..., rows, keys)
@@ -353,7 +353,7 @@ plt.show()
 # as slow as the contiguous layout's last rank.
 
 # %% [markdown]
-# ## 5. Backward
+# ## 6. Backward
 #
 # With the output $O$, the log-sum-exp of each query row ($\mathrm{lse} = m + \log\ell$,
 # kept from forward) and the output's gradient $dO$, any block's probabilities come back
@@ -416,12 +416,12 @@ def ring_backward(comm, q, k, v, out, lse, dout, causal=False, layout="contiguou
 grade.check_ring_backward(ring_backward)
 
 # %% [markdown]
-# ## 6. Other ways to split the sequence
+# ## 7. Other ways to split the sequence
 #
 # **All-gather K/V**: every rank gathers the whole sequence's keys and values, then
 # computes its queries against them. Simple, the same bytes as the ring, but sent before
 # any compute (nothing hides them) and every rank holds all of K/V. Llama 3 chose it for
-# its long-context stage (section 8).
+# its long-context stage (section 9).
 #
 # **Ulysses** (DeepSpeed): an all-to-all turns (my positions, every head) into (every
 # position, my heads); each rank runs plain attention on $h/c$ heads; an all-to-all turns
@@ -451,7 +451,7 @@ print(f"one rank's K/V shard: {2 * seq[1].nbytes // c:,d} bytes")
 # all-to-all keeps $1/c$ of its data home and its pieces shrink as $c$ grows) but needs
 # $c \le$ heads, and with grouped-query attention, fewer K/V heads still.
 #
-# ## 7. Numerics
+# ## 8. Numerics
 #
 # The online softmax rescales its running sums at every block. In fp32 that costs
 # nothing measurable; kept in bf16, each rescale rounds again. *Predict first*: as the
@@ -485,7 +485,7 @@ plt.show()
 # Keep the running max, sum and output in fp32 (FlashAttention does) even when everything
 # else is bf16.
 #
-# ## 8. Where context parallelism sits
+# ## 9. Where context parallelism sits
 #
 # A `cp` axis of the mesh: ranks that share the same model shard and the same sequence,
 # each with a slice of it. A ring sends $(c-1)$ K/V shards per layer forward and about
@@ -548,7 +548,7 @@ def napkin_memory_per_gpu(s=131072, b=1, h=8192, layers=80, c=16):
 grade.napkin_memory(napkin_memory_per_gpu)
 
 # %% [markdown]
-# ## 9. On real GPUs
+# ## 10. On real GPUs
 #
 # `gpu_labs/04_context_parallel.py` runs ring attention forward and backward over
 # `torch.distributed` point to point (`batch_isend_irecv`), contiguous and zigzag, causal

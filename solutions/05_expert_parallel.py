@@ -342,14 +342,16 @@ for name, keep in (("first come (token order)", keep_first(idx_1k.ravel(), 8, ca
     lost = ~keep.reshape(1024, 2)
     print(f"{name:29s}: {(~keep).sum()} dropped, of them {(~keep & (choice == 0)).sum():3d} first choices; "
           f"tokens left with no expert {lost.all(1).sum():3d}; router weight dropped {w_1k[lost].sum():6.1f}")
+print(f"expert 0 is the first choice of {(idx_1k[:, 0] == 0).sum()} tokens, for {cap_1k} places")
 
 # %% [markdown]
 # The same number dropped: each expert keeps its first `capacity` either way, and its
 # overflow does not depend on the order. Who is dropped does: first come drops whatever
 # arrives late, first choices included, and leaves 169 tokens with no expert at all;
 # GShard's order drops second choices first and loses a first choice only where an
-# expert's first choices alone overflow it (the favourite's), so fewer tokens lose
-# everything and less of the router's weight is dropped.
+# expert's first choices alone overflow it (here only the favourite, chosen first by 358
+# tokens for 256 places), so fewer tokens lose everything and less of the router's weight
+# is dropped.
 #
 # **Exercise 5.6** — capacity with expert parallelism. The layer `moe` now has a
 # `moe.capacity_factor`; the result must be what one device computes on every rank's tokens
@@ -417,9 +419,9 @@ for r, c in enumerate(caches):
           f"{world.timeline().total('compute', r) * 1e6:.0f} us of {world.timeline().makespan * 1e6:.0f}")
 
 # %% [markdown]
-# Rank 0, holding the favourite expert, computes four times as many rows as rank 3; rank
-# 3 then sits idle (grey) until rank 0 is ready for the combine's all-to-all. The layer runs
-# at the pace of the busiest rank, whatever the others hold.
+# Rank 0, holding the favourite expert, computes nearly five times as many rows as rank
+# 3; rank 3 then sits idle (grey) until rank 0 is ready for the combine's all-to-all. The
+# layer runs at the pace of the busiest rank, whatever the others hold.
 #
 # ## 5. The all-to-all across nodes
 #
