@@ -21,9 +21,23 @@ per node the NICs share the crossing pieces and the bus bandwidth is about their
 levels up and as many down, each moving the whole buffer: T = sum over levels of
 (alpha + S / beta) on the slowest link of that level.
 
+**All-to-all** (every send and receive posted at once, as NCCL groups them; see
+:mod:`emulator.algorithms.all_to_all`): one step in which every port carries the bytes of
+all its messages, so ``T = max over ports (alpha_link + bytes_through_port / beta_link)``.
+``S`` is each rank's whole send buffer, ``S/n`` to every rank (nccl-tests'
+``alltoall_perf`` size); :func:`all_to_all_time` takes any matrix of sizes. Across ``N``
+nodes of ``g`` GPUs with a NIC each, a NIC carries ``g (N-1) S/n`` and sets the time for
+large S: ``busbw = (n-1)/n S / T -> (n-1)/(g (N-1)) beta_nic``, which is about ``N/(N-1)``
+NICs' worth (S. Jeaugey in NVIDIA/nccl-tests#130: 2x a NIC on two nodes, tending to 1x;
+#267: an all-to-all cannot aggregate several NICs per GPU, and an NDR NIC reaches 48-49
+GB/s). DeepEP's measured bottleneck bandwidths sit at the same links' limits: 43-58 GB/s
+over RDMA with 50 GB/s CX7 NICs, 153-158 GB/s over H800 NVLink of about 160 GB/s
+(deepseek-ai/DeepEP ``docs/legacy.md``, normal kernels). ``PUBLISHED_ALL_TO_ALL`` lists them;
+tests hold the model to them.
+
 nccl-tests reports ``algbw = S / t`` and ``busbw = algbw * factor`` with factor 2(n-1)/n
-for all_reduce and (n-1)/n for reduce_scatter and all_gather, so that busbw is comparable
-to a link's bandwidth whatever n is.
+for all_reduce and (n-1)/n for reduce_scatter, all_gather and all_to_all, so that busbw
+is comparable to a link's bandwidth whatever n is.
 """
 
 import math
@@ -31,14 +45,24 @@ import math
 import numpy as np
 
 from .errors import ConfigError
-from .machine.links import ports_of
+from .machine.links import port_count, ports_of
 
 BUS_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "reduce_scatter": lambda n: (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
+    "all_to_all": lambda n: (n - 1) / n,
 }
+
+# Published all-to-all bandwidths the model is held to (tests/test_cost.py): (what, low GB/s,
+# high GB/s, source). nccl-tests#130 adds the rule the busbw follows: about N/(N-1) NICs.
+PUBLISHED_ALL_TO_ALL = (
+    ("one NDR 400 Gb/s NIC, as NCCL reaches it", 46, 49, "NVIDIA/nccl-tests#290 (46-48), #267 (48-49)"),
+    ("DeepEP internode dispatch/combine, RDMA bottleneck, EP16-64, CX7", 43, 58, "deepseek-ai/DeepEP docs/legacy.md"),
+    ("DeepEP intranode dispatch/combine, NVLink bottleneck, EP8 on H800 (~160 GB/s)", 153, 158,
+     "deepseek-ai/DeepEP docs/legacy.md"),
+)
 RING_STEPS = {"all_reduce": lambda n: 2 * (n - 1), "reduce_scatter": lambda n: n - 1, "all_gather": lambda n: n - 1}
 
 
@@ -94,6 +118,38 @@ def tree_time(op, nbytes, ranks, topology, root=0):
     return 2 * down if op == "all_reduce" else down
 
 
+def all_to_all_ports(sizes, ranks, topology):
+    """Per port an all-to-all uses: (bytes through it, its link), for ``sizes[i][j]`` bytes
+    from group rank i to group rank j on the group ``ranks`` (global ranks). A dict
+    {port: (bytes, Link)}; the time is the largest ``link.time(bytes)``."""
+    g = np.asarray(group(ranks))
+    sizes = np.asarray(sizes, dtype=np.float64)
+    n = len(g)
+    if sizes.shape != (n, n):
+        raise ConfigError(f"all_to_all sizes must be an ({n}, {n}) matrix of bytes, got shape {sizes.shape}")
+    if (sizes < 0).any():
+        raise ConfigError("all_to_all sizes must be >= 0 bytes")
+    src, dst = np.nonzero(~np.eye(n, dtype=bool))
+    world = int(g.max()) + 1
+    out, into, nic = ports_of(g[src], g[dst], world, topology)
+    nbytes = sizes[src, dst]
+    load = np.zeros(port_count(world, topology))
+    used = np.zeros(len(load), dtype=bool)
+    on_nic = np.zeros(len(load), dtype=bool)
+    for port in (out, into):
+        np.add.at(load, port, nbytes)
+        used[port] = True
+        on_nic[port[nic]] = True
+    return {int(p): (float(load[p]), _link(topology, bool(on_nic[p]))) for p in np.flatnonzero(used)}
+
+
+def all_to_all_time(sizes, ranks, topology):
+    """Seconds for an all-to-all with every message posted at once: the busiest port's
+    ``alpha + bytes / beta`` (see the module docstring)."""
+    ports = all_to_all_ports(sizes, ranks, topology)
+    return max((link.time(b) for b, link in ports.values()), default=0.0)
+
+
 def collective_time(op, nbytes, ranks, topology, algorithm="ring", channels=None):
     """Seconds for one collective of ``nbytes`` (S, as above) on the group ``ranks`` (a list
     of global ranks, or an int n for ranks 0..n-1) of ``topology``."""
@@ -106,6 +162,9 @@ def collective_time(op, nbytes, ranks, topology, algorithm="ring", channels=None
         return ring_time(op, nbytes, ranks, topology, channels)
     if algorithm == "tree" and op in ("all_reduce", "broadcast"):
         return tree_time(op, nbytes, ranks, topology)
+    if op == "all_to_all":  # one schedule: every message at once
+        n = len(ranks)
+        return all_to_all_time(np.full((n, n), nbytes / n), ranks, topology)
     raise ConfigError(f"no closed form here for {algorithm} {op}; run it on a World and read world.stats()")
 
 

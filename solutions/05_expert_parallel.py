@@ -8,9 +8,9 @@
 # two all-to-alls per layer, whose sizes depend on where the router sends the tokens.
 #
 # You will write top-k routing (Exercise 5.1), the permutation of tokens into expert order
-# and back (5.2), the expert-parallel forward (5.3) and backward (5.4), and capacity with
-# dropping (5.5); and answer two napkins: all-to-all bytes per layer, and tokens dropped
-# under a skewed router.
+# and back (5.2), the expert-parallel forward (5.3) and backward (5.4), capacity with
+# dropping (5.5) and the expert-parallel layer with capacity (5.6); and answer two napkins:
+# all-to-all bytes per layer, and tokens dropped under a skewed router.
 
 # %%
 import numpy as np
@@ -20,9 +20,11 @@ import torch
 from emulator import Mesh, Topology, World, nn, viz
 from emulator.accounting import CASE_STUDIES, all_to_all_bytes_per_layer, experts_per_gpu
 from emulator.nn import torch_reference as R
-from emulator.nn.moe import experts_forward, route, route_backward, experts_backward_input, experts_backward_weight
+from emulator.nn.moe import (capacity, experts_backward_input, experts_backward_weight, experts_forward, keep_first,
+                             keep_first_choices_first, route, route_backward)
 from emulator.parallel import expert_parallel as ep
-from emulator.parallel.moe_alternatives import hierarchical_all_to_all, shard_experts_tp, tp_moe_forward
+from emulator.parallel.moe_alternatives import (flat_dispatch, hierarchical_all_to_all, shard_experts_tp,
+                                                tp_moe_forward, two_hop_dispatch)
 from emulator.grading import lesson05 as grade
 from emulator.notebook import setup
 
@@ -78,6 +80,29 @@ def top_k_route(logits, k):
 
 # %% tags=["check"]
 grade.check_top_k_route(top_k_route)
+
+# %% [markdown]
+# Renormalising has a price at $k = 1$: a token's one weight is $p/p = 1$ whatever the
+# router says, so the output no longer depends on the router's probabilities and the task
+# loss gives the router no gradient; only the auxiliary loss (section 3) would move it.
+# Switch Transformer routes top-1 and multiplies the expert's output by the probability
+# itself, $y = p_i(x)\,E_i(x)$, unrenormalised, so the router learns from the task (Fedus
+# et al. 2021, section 2.1). *Predict*: the router's gradient with $k = 1$ renormalised,
+# with $k = 2$, and with Switch's weight. Measured (the library's layer, and torch's
+# autograd for Switch's):
+
+# %%
+top1 = nn.MoE(16, 32, 8, 1, dtype=np.float64)
+for name, layer in (("top-1, renormalised", top1), ("top-2, renormalised", nn.MoE(16, 32, 8, 2, dtype=np.float64))):
+    y1, c1 = layer.forward(params, x)
+    g1 = layer.backward(params, c1, dy)[1]["router.w"]
+    print(f"{name:22s}: largest router gradient {np.abs(g1).max():.1e}")
+chosen = torch.tensor(top1.forward(params, x)[0])  # weight 1: each token's output is its expert's, E_i(x)
+w_r = torch.tensor(params["router.w"], requires_grad=True)
+p = torch.softmax(torch.tensor(x) @ w_r, dim=1)
+switch = p.max(1).values[:, None] * chosen  # Switch: y = p_i(x) E_i(x), the probability not renormalised
+(switch * torch.tensor(dy)).sum().backward()
+print(f"{'top-1, Switch (y = p E)':22s}: largest router gradient {w_r.grad.abs().max().item():.1e}")
 
 # %% [markdown]
 # **Exercise 5.2** — the permutation. With `expert_ids` the flattened (T·k) choices (token
@@ -218,10 +243,14 @@ grade.check_ep_backward(ep_backward)
 #
 # An expert's buffer has a fixed size in most implementations: the **capacity**,
 # $\lceil c \cdot Tk/E \rceil$ assignments for a capacity factor $c$. When the router sends
-# more, the ones past capacity are **dropped**: first come, first served, the token gets
-# nothing from that expert (the residual connection around the layer still carries it).
-# Dropless routing gives each expert whatever arrives, with variable-size buffers: no token
-# lost, but memory and time set by the busiest expert.
+# more, the ones past capacity are **dropped**: the token gets nothing from that expert
+# (the residual connection around the layer still carries it). Which ones depends on the
+# order the line forms in. **First come** (token order) is what this library's `nn.MoE`
+# and the exercises use. **GShard's order** serves every token's first choice before any
+# second choice (DeepSpeed's `top2gating` places the second choices after all the first:
+# `deepspeed/moe/sharded_moe.py`), so a token loses its second expert before anyone loses
+# a first. Dropless routing gives each expert whatever arrives, with variable-size
+# buffers: no token lost, but memory and time set by the busiest expert.
 #
 # **Exercise 5.5** — which assignments fit. `expert_ids` lists the assignments in arrival
 # order; return a boolean per assignment: kept if fewer than `capacity` earlier
@@ -301,6 +330,73 @@ print(f"busiest expert / mean: {history[0][1]:.2f} -> {history[-1][1]:.2f}")
 # there: the loss measures how the router's probabilities line up with the counts on
 # average, and top-k's hard choices keep a little imbalance it cannot see.
 #
+# Back to the skewed router at capacity factor 1: the two orders of the line. *Predict*:
+# does GShard's order drop fewer assignments than first come?
+
+# %%
+idx_1k, w_1k, _ = route(sp["router.w"], tokens_1k, 2)
+cap_1k = capacity(1024, 2, 8, 1.0)
+choice = np.tile([0, 1], 1024)  # first or second choice of its token
+for name, keep in (("first come (token order)", keep_first(idx_1k.ravel(), 8, cap_1k)),
+                   ("GShard (first choices first)", keep_first_choices_first(idx_1k.ravel(), 8, cap_1k, 2))):
+    lost = ~keep.reshape(1024, 2)
+    print(f"{name:29s}: {(~keep).sum()} dropped, of them {(~keep & (choice == 0)).sum():3d} first choices; "
+          f"tokens left with no expert {lost.all(1).sum():3d}; router weight dropped {w_1k[lost].sum():6.1f}")
+print(f"expert 0 is the first choice of {(idx_1k[:, 0] == 0).sum()} tokens, for {cap_1k} places")
+
+# %% [markdown]
+# The same number dropped: each expert keeps its first `capacity` either way, and its
+# overflow does not depend on the order. Who is dropped does: first come drops whatever
+# arrives late, first choices included, and leaves 169 tokens with no expert at all;
+# GShard's order drops second choices first and loses a first choice only where an
+# expert's first choices alone overflow it (here only the favourite, chosen first by 358
+# tokens for 256 places), so fewer tokens lose everything and less of the router's weight
+# is dropped.
+#
+# **Exercise 5.6** — capacity with expert parallelism. The layer `moe` now has a
+# `moe.capacity_factor`; the result must be what one device computes on every rank's tokens
+# together: each expert keeps the first `capacity(T_all, k, E, moe.capacity_factor)`
+# assignments of the whole batch in token order (rank 0's tokens, then rank 1's, ...; `T_all`
+# counts every rank's tokens) and a dropped assignment contributes nothing. Start from your
+# Exercise 5.3; the rows that arrive at an expert's rank, taken by source rank, are already in
+# that order, so your `keep_within_capacity` (5.5) decides there. Send back zeros for the
+# dropped rows (or do not send them at all).
+
+# %%
+def ep_forward_capacity(comm, moe, params, x):
+    ### BEGIN SOLUTION: Exercise 5.6: expert parallelism with capacity
+    n, k = comm.size, moe.top_k
+    local = moe.n_experts // n
+    idx, weights, _ = route(params["router.w"], x, k)
+    ids, tokens = idx.ravel(), np.repeat(np.arange(len(x)), k)
+    order = np.argsort(ids, kind="stable")
+    counts = np.bincount(ids, minlength=moe.n_experts)
+    incoming = comm.all_to_all_single(counts).reshape(n, local)  # [from rank, my expert]
+    send, recv = counts.reshape(n, local).sum(1).tolist(), incoming.sum(1).tolist()
+    rows = comm.all_to_all_single(x[tokens[order]], recv, send)
+    starts = np.concatenate([[0], np.cumsum(incoming.ravel())])[:-1].reshape(n, local)
+    by_expert = np.concatenate([np.arange(starts[i, j], starts[i, j] + incoming[i, j])
+                                for j in range(local) for i in range(n)]).astype(int)  # by expert, then source rank
+    mine = np.repeat(np.arange(local), incoming.sum(0))  # the local expert of each row in by_expert's order
+    keep = keep_within_capacity(mine, local, capacity(n * len(x), k, moe.n_experts, moe.capacity_factor))
+    ys, _ = experts_forward(params, rows[by_expert[keep]], np.bincount(mine[keep], minlength=local))
+    back_rows = np.zeros_like(rows)  # a dropped row comes back as zeros
+    back_rows[by_expert[keep]] = ys
+    back = comm.all_to_all_single(back_rows, send, recv)
+    out = np.zeros_like(x)
+    np.add.at(out, tokens[order], weights.ravel()[order, None] * back)
+    return out
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.check_ep_capacity(ep_forward_capacity)
+
+# %% [markdown]
+# Dropped rows still travel here, both ways: the owner is the first to know which ones
+# fit. A rank that knows every rank's counts (an all-gather of them instead of an
+# all-to-all) can work out its own rows' places in each line and send only those that fit.
+#
 # ## 4. Imbalance is time
 #
 # With experts split over ranks, the busiest expert's rank computes longest, and every
@@ -323,19 +419,21 @@ for r, c in enumerate(caches):
           f"{world.timeline().total('compute', r) * 1e6:.0f} us of {world.timeline().makespan * 1e6:.0f}")
 
 # %% [markdown]
-# Rank 0, holding the favourite expert, computes four times as many rows as rank 3; rank
-# 3 then sits idle (grey) until rank 0 is ready for the combine's all-to-all. The layer runs
-# at the pace of the busiest rank, whatever the others hold.
+# Rank 0, holding the favourite expert, computes nearly five times as many rows as rank
+# 3; rank 3 then sits idle (grey) until rank 0 is ready for the combine's all-to-all. The
+# layer runs at the pace of the busiest rank, whatever the others hold.
 #
-# ## 5. The all-to-all is latency-bound, and crosses nodes
+# ## 5. The all-to-all across nodes
 #
 # An all-to-all sends a message to every other rank: across two nodes of 8, each GPU sends
-# 8 of its 15 messages over its NIC, each small. DeepSeek's DeepEP (and NVIDIA's
-# Hybrid-EP) dispatch in two hops instead: inside the node over NVLink, everything bound for
-# GPU $m$ of any node goes to local GPU $m$ first; then one message per remote node between
-# GPUs of the same index (the same rail). Bytes are the same, messages per NIC divide by 8.
-# *Predict first*: does the second hop's extra copy make the two-hop version lose for
-# large messages? Measured for small and large messages, inside one node and across two:
+# 8 of its 15 messages over its NIC. NCCL posts all of them at once (one send and one
+# receive per peer in one group: nccl-tests' `alltoall.cu`, NCCL's own `ncclAlltoAll`),
+# so they share the links together and the busiest port, the NIC, sets the time: its bytes
+# over its bandwidth, plus one latency. DeepSeek-V3 dispatches in two hops instead (its
+# report, section 3.2.2, and DeepEP's internode kernels): first over InfiniBand, to the
+# GPU with the same local index on each target node (the same rail), then over NVLink
+# inside that node to the GPU that holds the expert. *Predict first*: for a plain
+# all-to-all, which wins, and at which sizes? Measured inside one node and across two:
 
 # %%
 topo = Topology(gpus_per_node=8)
@@ -350,17 +448,46 @@ for size in (256, 4096, 65536, 1048576):
     print(f"{size:>15,d} " + " ".join(f"{t * 1e6:>13.1f}us" for t in times))
 
 # %% [markdown]
-# The two-hop version wins at every size here: each NIC carries one large message per
-# remote node instead of one small one per remote GPU. The gain is largest for small
-# messages, typical of an MoE dispatch with many experts (each pair of GPUs exchanges few
-# tokens), where the NIC's latency, paid once per message, is most of the time.
+# The flat all-to-all wins at every size: the two hops put the same bytes through each NIC
+# and add an NVLink hop. At 1 MiB per pair each NIC carries 8 MiB, about 180 us at 48 GB/s;
+# a schedule that sent one pair at a time, as slow as its slowest pair, would take 15 of
+# those cross-node messages in a row, 400 us. What the two hops buy is in the tokens, not
+# the schedule: an MoE token goes to $k$ experts, and when several of them sit on one
+# node the flat dispatch sends it over the NIC once per GPU, the two-hop dispatch once per
+# node (NVLink fans it out there). DeepSeek-V3 adds node-limited routing: each token's 8
+# experts lie on at most 4 nodes (report, section 2.1.2), so it crosses InfiniBand at most
+# 4 times. Two nodes of 8 GPUs, each token to 8 GPUs drawn at random, rows of 7168 bytes
+# (DeepSeek-V3's width in FP8), flat against two hops as the tokens per GPU grow:
+
+# %%
+rng_d = np.random.default_rng(7)
+print(f"{'tokens per GPU':>14s} {'flat':>9s} {'2 hops':>9s}   {'NIC bytes per GPU, flat / 2 hops':>32s}")
+for per_gpu in (1, 16, 32, 128):
+    xs_d = [np.zeros((per_gpu, 7168), np.uint8) for _ in range(16)]
+    dests = [np.argsort(rng_d.random((per_gpu, 16)), 1)[:, :8] for _ in range(16)]  # 8 GPUs per token
+    dests = [(d[:, :, None] == np.arange(16)).any(1) for d in dests]  # as a (tokens, ranks) mask
+    row = []
+    for fn in (lambda comm: flat_dispatch(comm, xs_d[comm.rank], dests[comm.rank]),
+               lambda comm: two_hop_dispatch(comm, xs_d[comm.rank], dests[comm.rank], 8)):
+        w = World(16, topology=topo)
+        w.run(fn)
+        row.append((max(w.stats().time), sum(t.nbytes for t in w.trace if t.link == "nic") / 16))
+    print(f"{per_gpu:>14d} {row[0][0] * 1e6:>7.1f}us {row[1][0] * 1e6:>7.1f}us   {row[0][1] / 1e3:>14,.0f} kB / "
+          f"{row[1][1] / 1e3:,.0f} kB")
+
+# %% [markdown]
+# A quarter of the NIC bytes with two hops: each token's 8 GPUs put about 4 on the other
+# node, and the two-hop dispatch sends it there once. With a handful of tokens the extra
+# hop's latencies (five small operations against two) decide and the flat dispatch wins;
+# from about 32 tokens per GPU the NIC bytes decide and the two hops win, by more as the
+# batch grows (a training batch has thousands of tokens per GPU).
 #
 # ## 6. EP or TP for the experts?
 #
 # Tensor parallelism could split every expert instead: each rank holds a slice of all
 # experts, computes all tokens on its slices, and all-reduces the dense (T, d) output.
 # Expert parallelism keeps each expert's matrices whole and moves only the routed rows.
-# The same layer on 8 ranks of one node, 2048 tokens, at two widths $d$ (narrow experts,
+# The same layer on 8 ranks of one node, 1024 tokens, at two widths $d$ (narrow experts,
 # d_ff = 64, keep the notebook quick; the bytes depend on $d$; compute charged at an
 # H100's peak):
 
@@ -368,12 +495,12 @@ for size in (256, 4096, 65536, 1048576):
 for d in (64, 1024):
     big = nn.MoE(d, 64, 8, 2, dtype=np.float32)
     bp = big.init(np.random.default_rng(5))
-    tokens_2k = np.random.default_rng(6).standard_normal((2048, d)).astype(np.float32)
-    ref_y, _ = big.forward(bp, tokens_2k)
+    tokens_1k_d = np.random.default_rng(6).standard_normal((1024, d)).astype(np.float32)
+    ref_y, _ = big.forward(bp, tokens_1k_d)
     runs = {"TP 8 (slices of every expert)": lambda comm: tp_moe_forward(
-                comm, big, shard_experts_tp(bp, 8, comm.rank), tokens_2k),
+                comm, big, shard_experts_tp(bp, 8, comm.rank), tokens_1k_d),
             "EP 8 (one whole expert each)": lambda comm: ep.forward(
-                comm, big, ep.shard_experts(bp, 8, comm.rank), np.split(tokens_2k, 8)[comm.rank])[0]}
+                comm, big, ep.shard_experts(bp, 8, comm.rank), np.split(tokens_1k_d, 8)[comm.rank])[0]}
     for name, fn in runs.items():
         w = World(8)
         res = w.run(fn)
@@ -384,11 +511,12 @@ for d in (64, 1024):
 
 # %% [markdown]
 # TP replicates the tokens on every rank and all-reduces dense outputs; EP sends each token
-# only where it is routed: a quarter of the bytes here (top-2 of 8). At the small width
-# the messages are tiny and EP's three all-to-alls (counts, dispatch, combine, 7 steps
-# each) pay more latency than TP's one all-reduce; at width 1024 the bytes dominate and EP
-# is faster. With EP equal to the number of experts each rank holds one whole expert, its
-# GEMMs full size, and no weights are permuted.
+# only where it is routed: a quarter of the bytes here (top-2 of 8). Each all-to-all is
+# one latency (every message at once), against the ring all-reduce's 14 steps, so EP is
+# faster at both widths. With EP equal to the number of experts each rank holds one whole
+# expert, its GEMMs full size, and every row that arrives is for that expert: the local
+# permutation of tokens by expert, and its inverse, are not needed (Megatron-LM's MoE
+# guide, "Prefer EP over TP for the expert layer", `megatron/core/transformer/moe/README.md`).
 #
 # ## 7. Composition: different splits for attention and experts
 #
@@ -408,8 +536,9 @@ for r in range(8):
 # ## 8. Three published MoE models
 #
 # Experts per GPU and the all-to-all bytes per layer per GPU (forward dispatch and combine,
-# bf16, 4096 tokens per GPU), from each model's published shape and its training's
-# parallelism:
+# bf16, 4096 tokens per GPU), from each model's published shape. The parallelism is
+# DeepSeek-V3's own; Mistral and Qwen published none for their training, so theirs are
+# NVIDIA Megatron-Bridge recipes, a framework's starting points (the sources are printed):
 
 # %%
 print(f"{'model':16s} {'experts':>8s} {'top-k':>6s} {'d_model':>8s} {'EP':>4s} {'PP':>4s} {'TP':>4s} "
@@ -419,12 +548,13 @@ for name, m in CASE_STUDIES.items():
     print(f"{name:16s} {m['n_experts']:>8d} {m['top_k']:>6d} {m['d_model']:>8d} {m['ep']:>4d} {m['pp']:>4d} "
           f"{m['tp']:>4d} {experts_per_gpu(m['n_experts'], m['ep']):>12d} {mb:>13.0f}")
 for name, m in CASE_STUDIES.items():
-    print(f"  {name}: {m['source']}")
+    print(f"  {name}: shape from {m['source']}; parallelism {m['parallelism']}")
 
 # %% [markdown]
 # DeepSeek-V3 spreads 256 experts over 64 GPUs (8 nodes), 4 per GPU, each token to 8
-# experts: hundreds of MB per layer cross the NICs, which is why its dispatch is in FP8 and
-# limited to 4 nodes per token, and why DeepEP exists.
+# experts: hundreds of MB per layer, most of it across nodes, which is why its dispatch is
+# in FP8, why each token is limited to 4 nodes and crosses InfiniBand once per node, and
+# why DeepEP exists.
 #
 # **Napkin 5.1** — the forward all-to-all bytes one GPU sends per MoE layer (dispatch and
 # combine), for `tokens` tokens on the GPU, width `d_model`, `top_k` experts per token

@@ -179,6 +179,23 @@ def test_all_to_all_is_its_own_inverse(n, seed):
     assert all(np.array_equal(twice[r][i], chunks[r][i]) for r in range(n) for i in range(n))
 
 
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 6), seed=st.integers(0, 99))
+def test_grouped_all_to_all_moves_the_same_data_in_one_step(n, seed):
+    """NCCL's schedule (every message at once) delivers what the pairwise one does, in one step
+    of n(n-1) messages, each the bytes of its chunk."""
+    rng = np.random.default_rng(seed)
+    chunks = [[rng.standard_normal(rng.integers(0, 4)) for _ in range(n)] for _ in range(n)]
+    grouped, steps = C.all_to_all_grouped(chunks)
+    pairwise, _ = C.all_to_all_pairwise(chunks)
+    assert all(np.array_equal(grouped[r][i], pairwise[r][i]) for r in range(n) for i in range(n))
+    assert len(steps) == (1 if n > 1 else 0)
+    if n > 1:
+        (m,) = steps
+        assert len(m.src) == n * (n - 1) and not (m.src == m.dst).any()
+        assert all(m.nbytes[k] == chunks[m.src[k]][m.dst[k]].nbytes for k in range(len(m.src)))
+
+
 @pytest.mark.parametrize("n", [2, 3, 4, 8])
 @pytest.mark.parametrize("elems", [7, 1000, 40000])  # below and above the small-buffer threshold
 @pytest.mark.parametrize("op", ["sum", "max"])

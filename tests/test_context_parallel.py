@@ -182,3 +182,38 @@ def test_all_gather_and_ulysses_equal_full_attention_and_move_what_they_should()
         assert [x.op for x in world.calls[0]] == ["all_to_all", "all_to_all"]
     with pytest.raises(ConfigError, match="at most the number of heads"):
         World(8).run(lambda comm: cp.ulysses_attention(comm, *(np.zeros((1, 4, 4, 2)),) * 3))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_alternatives_keep_the_inputs_dtype_and_ulysses_sends_its_four_tensors(dtype):
+    """A float32 sequence stays float32 through both alternatives; Ulysses sends q, k, v out
+    and the output back, (c-1)/c of each: 4 x (c-1)/c of one shard, in the inputs' dtype."""
+    c, b, h, s, d = 4, 1, 4, 32, 8
+    q, k, v = (a.astype(dtype) for a in qkvd((b, h, s, d))[:3])
+    shards = [cp.split_sequence(a, c) for a in (q, k, v)]
+    for fn in (cp.all_gather_attention, cp.ulysses_attention):
+        world = World(c)
+        got = world.run(lambda comm: fn(comm, *(x[comm.rank] for x in shards)))
+        assert all(g.dtype == dtype for g in got), fn.__name__
+    shard = q.nbytes // c
+    assert world.stats().bytes_sent[0] == 4 * shard * (c - 1) // c
+
+
+@pytest.mark.parametrize("c", [2, 3, 4])
+def test_the_ring_holds_two_kv_blocks_in_its_ledger_forward_and_backward(c):
+    """Forward: the block it computes with and the one arriving, two K/V blocks at the peak;
+    backward: the same for K/V and for the travelling dK/dV; nothing left held after."""
+    q, k, v, do = qkvd((1, 2, 4 * c, 8))
+    shards = [cp.split_sequence(a, c) for a in (q, k, v, do)]
+    block = 2 * q.nbytes // c  # one rank's K and V
+
+    def prog(comm):
+        out, cache = cp.ring_attention(comm, *(x[comm.rank] for x in shards[:3]))
+        after_forward = comm.memory.peak_by_kind["buffers"]
+        cp.ring_attention_backward(comm, cache, shards[3][comm.rank])
+        return after_forward, comm.memory.current["buffers"]
+
+    world = World(c)
+    for forward_peak, left in world.run(prog):
+        assert forward_peak == 2 * block and left == 0
+    assert all(world.memory[r].peak_by_kind["buffers"] == 4 * block for r in range(c))

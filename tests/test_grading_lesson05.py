@@ -5,7 +5,8 @@ import pytest
 
 from emulator.grading import CheckFailed
 from emulator.grading import lesson05 as g
-from emulator.nn.moe import experts_backward_input, experts_backward_weight, experts_forward, route, route_backward
+from emulator.nn.moe import (capacity, experts_backward_input, experts_backward_weight, experts_forward, route,
+                             route_backward)
 from emulator.parallel import expert_parallel as ep
 
 
@@ -52,6 +53,8 @@ def test_permutation_check(capsys):
     with pytest.raises(CheckFailed, match="unpermuted"):
         g.check_permutation(permute_by_loop, lambda ys, order, tokens, weights, n: unpermute_by_loop(
             ys, order, tokens, np.ones_like(weights), n))  # forgets the weights
+    with pytest.raises(CheckFailed, match="minlength"):  # right until the last expert gets no token
+        g.check_permutation(lambda ids, n: (np.argsort(ids, kind="stable"), np.bincount(ids)), unpermute_by_loop)
 
 
 # ----------------------------------------------------------------- Exercises 5.3 and 5.4
@@ -124,6 +127,18 @@ def test_ep_backward_check(capsys):
     assert "PASSED Exercise 5.4" in capsys.readouterr().out
     with pytest.raises(CheckFailed):
         g.check_ep_backward(lambda *a: backward(*a, forget_router=True))  # the router's part of dx missing
+
+    def without(key):
+        def fn(*a):
+            dx, grads = backward(*a)
+            grads.pop(key)
+            return dx, grads
+        return fn
+
+    with pytest.raises(CheckFailed, match="no 'router.w': the router is trained too"):
+        g.check_ep_backward(without("router.w"))  # was a raw KeyError
+    with pytest.raises(CheckFailed, match="no 'experts.fc2.b': experts_backward_weight"):
+        g.check_ep_backward(without("experts.fc2.b"))
     with pytest.raises(CheckFailed, match="library's own solution"):
         g.check_ep_backward(ep.backward)
 
@@ -143,6 +158,97 @@ def test_capacity_check(capsys):
         g.check_capacity(lambda ids, n, cap: by_loop(ids[::-1], n, cap)[::-1])  # last come first served
     with pytest.raises(CheckFailed, match="first come"):
         g.check_capacity(lambda ids, n, cap: by_loop(ids, n, cap + 1))  # off by one
+
+
+# ----------------------------------------------------------------- Exercise 5.6
+def keep_by_loop(ids, n, cap):
+    seen, keep = {}, []
+    for e in ids:
+        keep.append(seen.get(e, 0) < cap)
+        seen[e] = seen.get(e, 0) + 1
+    return np.array(keep, bool)
+
+
+def ep_capacity_key(comm, moe, params, x, order_of_line="token", per_rank=False):
+    """The key's method (drop at the owner); wrong in the way the flags say."""
+    n, k = comm.size, moe.top_k
+    local = moe.n_experts // n
+    idx, weights, _ = route(params["router.w"], x, k)
+    ids, tokens = idx.ravel(), np.repeat(np.arange(len(x)), k)
+    order = np.argsort(ids, kind="stable")
+    counts = np.bincount(ids, minlength=moe.n_experts)
+    incoming = comm.all_to_all_single(counts).reshape(n, local)
+    send, recv = counts.reshape(n, local).sum(1).tolist(), incoming.sum(1).tolist()
+    rows = comm.all_to_all_single(x[tokens[order]], recv, send)
+    starts = np.concatenate([[0], np.cumsum(incoming.ravel())])[:-1].reshape(n, local)
+    by_expert = np.concatenate([np.arange(starts[i, j], starts[i, j] + incoming[i, j])
+                                for j in range(local) for i in range(n)]).astype(int)
+    mine = np.repeat(np.arange(local), incoming.sum(0))
+    tokens_seen = len(x) if per_rank else n * len(x)
+    cap = capacity(tokens_seen, k, moe.n_experts, moe.capacity_factor)
+    if per_rank:  # each source rank's rows against a capacity of its own
+        source = np.concatenate([np.repeat(np.arange(n), incoming[:, j]) for j in range(local)])
+        keep = np.zeros(len(mine), bool)
+        for i in range(n):
+            keep[source == i] = keep_by_loop(mine[source == i], local, cap)
+    elif order_of_line == "reversed":  # last come first served
+        keep = keep_by_loop(mine[::-1], local, cap)[::-1]
+    else:
+        keep = keep_by_loop(mine, local, cap)
+    ys, _ = experts_forward(params, rows[by_expert[keep]], np.bincount(mine[keep], minlength=local))
+    back_rows = np.zeros_like(rows)
+    back_rows[by_expert[keep]] = ys
+    back = comm.all_to_all_single(back_rows, send, recv)
+    out = np.zeros_like(x)
+    np.add.at(out, tokens[order], weights.ravel()[order, None] * back)
+    return out
+
+
+def ep_capacity_dropping_before_sending(comm, moe, params, x):
+    """Right, differently: every rank all-gathers the counts, works out which of its rows fit
+    (earlier ranks' rows come first in each expert's line), and sends only those."""
+    n, k = comm.size, moe.top_k
+    local = moe.n_experts // n
+    idx, weights, _ = route(params["router.w"], x, k)
+    ids, tokens = idx.ravel(), np.repeat(np.arange(len(x)), k)
+    everyone = comm.all_gather(np.bincount(ids, minlength=moe.n_experts)[None])  # (n, E)
+    before = everyone[:comm.rank].sum(0)  # rows of each expert from earlier ranks
+    cap = capacity(n * len(x), k, moe.n_experts, moe.capacity_factor)
+    order = np.argsort(ids, kind="stable")
+    place = np.zeros(len(ids), int)
+    for e in range(moe.n_experts):
+        mine_e = order[ids[order] == e]
+        place[mine_e] = before[e] + np.arange(len(mine_e))
+    sent = order[place[order] < cap]  # my kept assignments, by expert
+    counts = np.bincount(ids[sent], minlength=moe.n_experts)
+    incoming = comm.all_to_all_single(counts).reshape(n, local)
+    send, recv = counts.reshape(n, local).sum(1).tolist(), incoming.sum(1).tolist()
+    rows = comm.all_to_all_single(x[tokens[sent]], recv, send)
+    out_rows = np.zeros_like(rows)
+    starts = np.concatenate([[0], np.cumsum(incoming.ravel())])[:-1].reshape(n, local)
+    for j in range(local):
+        pick = np.concatenate([np.arange(starts[i, j], starts[i, j] + incoming[i, j]) for i in range(n)]).astype(int)
+        one = {key: params[key][j:j + 1] for key in ("experts.fc1.w", "experts.fc1.b", "experts.fc2.w",
+                                                       "experts.fc2.b")}
+        out_rows[pick] = experts_forward(one, rows[pick], np.array([len(pick)]))[0]
+    back = comm.all_to_all_single(out_rows, send, recv)
+    out = np.zeros_like(x)
+    np.add.at(out, tokens[sent], weights.ravel()[sent, None] * back)
+    return out
+
+
+def test_ep_capacity_check(capsys):
+    g.check_ep_capacity(lambda *a: ep_capacity_key(*a))
+    g.check_ep_capacity(ep_capacity_dropping_before_sending)  # fewer bytes, same drops: also right
+    assert capsys.readouterr().out.count("PASSED Exercise 5.6") == 2
+    with pytest.raises(CheckFailed, match="nothing was dropped"):
+        g.check_ep_capacity(ep_forward_with_loops)  # Exercise 5.3's dropless layer
+    with pytest.raises(CheckFailed, match="each rank's tokens apart"):
+        g.check_ep_capacity(lambda *a: ep_capacity_key(*a, per_rank=True))
+    with pytest.raises(CheckFailed, match="output"):
+        g.check_ep_capacity(lambda *a: ep_capacity_key(*a, order_of_line="reversed"))
+    with pytest.raises(CheckFailed, match="library's own solution"):
+        g.check_ep_capacity(lambda comm, moe, params, x: ep.forward(comm, moe, params, x)[0])
 
 
 def test_napkin_checks(capsys):

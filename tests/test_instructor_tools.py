@@ -103,3 +103,19 @@ def test_problem_set_answers_from_later_lessons_are_checked_not_waved_through():
         right = P.model_answer(prob, v)
         wrong = [x * 1.1 for x in right] if isinstance(right, list) else right * 1.1
         assert P.grade_answer(prob, v, right)[0] and not P.grade_answer(prob, v, wrong)[0], prob
+
+
+def test_napkin_4_2_variants_carry_grouped_query_attention():
+    """Each student's Napkin 4.2 names the K/V width; an answer that sends K and V as wide as h
+    fails wherever the model groups its queries (most variants), and the right one passes."""
+    gqa = 0
+    for student in [f"s{i}" for i in range(40)]:
+        v = P.variant(student, "Napkin 4.2")
+        assert f"{v['kv_heads']} K/V heads of {v['head_dim']}" in P.statement(student, "Napkin 4.2")
+        right = P.model_answer("Napkin 4.2", v)
+        assert P.grade_answer("Napkin 4.2", v, right)[0]
+        as_if_mha = v["flops"] * v["dtype_bytes"] / (2 * v["beta"])
+        if v["kv_heads"] * v["head_dim"] < v["h"]:
+            gqa += 1
+            assert not P.grade_answer("Napkin 4.2", v, as_if_mha)[0]
+    assert gqa >= 20

@@ -235,3 +235,119 @@ def test_expert_parallel_with_unequal_token_counts_per_rank(cf, aux):
     assert sum(o[3]["dropped"] for o in out) == cache["dropped"]
     if aux:
         assert all(o[3]["aux_loss"] == pytest.approx(cache["aux_loss"]) for o in out)
+
+
+@pytest.mark.parametrize("nodes, per_node", [(2, 4), (3, 2), (4, 2)])
+def test_two_hop_all_to_all_crosses_the_nics_first_then_nvlink(nodes, per_node):
+    """DeepSeek-V3's order (report section 3.2.2; DeepEP's RDMA senders, then forwarders to
+    NVLink): every cross-node message of the first hop goes between GPUs of one local index,
+    and ends before the second hop, all on NVLink, starts."""
+    from emulator import Topology
+    from emulator.parallel.moe_alternatives import hierarchical_all_to_all
+
+    n = nodes * per_node
+    chunks = [[np.full(5, 100.0 * src + dst) for dst in range(n)] for src in range(n)]
+    world = World(n, topology=Topology(gpus_per_node=per_node))
+    world.run(lambda comm: hierarchical_all_to_all(comm, chunks[comm.rank], per_node))
+    nic = [t for t in world.trace if t.link == "nic"]
+    nvlink = [t for t in world.trace if t.link == "nvlink"]
+    assert nic and nvlink
+    assert all(t.src % per_node == t.dst % per_node for t in nic)  # the rail: same local index
+    assert max(t.end for t in nic) <= min(t.start for t in nvlink)
+    assert {t.nbytes for t in nic} == {per_node * 5 * 8}  # one message per remote node: a node's worth
+
+
+def random_dispatch(n, tokens, k, seed, max_nodes=None, per_node=4):
+    """Per rank: rows and a (tokens, n) destination mask, k distinct GPUs per token, on at
+    most ``max_nodes`` nodes."""
+    rng = np.random.default_rng(seed)
+    xs, dests = [], []
+    for _ in range(n):
+        xs.append(rng.standard_normal((tokens, 3)))
+        d = np.zeros((tokens, n), bool)
+        for t in range(tokens):
+            nodes = rng.permutation(n // per_node)[:max_nodes or n // per_node]
+            gpus = np.concatenate([np.arange(b * per_node, (b + 1) * per_node) for b in nodes])
+            d[t, rng.choice(gpus, min(k, len(gpus)), replace=False)] = True
+        dests.append(d)
+    return xs, dests
+
+
+@pytest.mark.parametrize("nodes, per_node, tokens, k", [(2, 4, 9, 3), (3, 2, 5, 4), (4, 4, 12, 8), (1, 4, 7, 2),
+                                                         (2, 4, 0, 2)])
+def test_two_hop_dispatch_delivers_what_the_flat_one_does_crossing_each_node_once(nodes, per_node, tokens, k):
+    from emulator import Topology
+    from emulator.parallel.moe_alternatives import flat_dispatch, two_hop_dispatch
+
+    n = nodes * per_node
+    xs, dests = random_dispatch(n, tokens, k, seed=n + tokens, per_node=per_node)
+    topo = Topology(gpus_per_node=per_node)
+    flat_world, two_world = World(n, topology=topo), World(n, topology=topo)
+    flat = flat_world.run(lambda comm: flat_dispatch(comm, xs[comm.rank], dests[comm.rank]))
+    two = two_world.run(lambda comm: two_hop_dispatch(comm, xs[comm.rank], dests[comm.rank], per_node))
+    for r in range(n):
+        for i in range(n):
+            np.testing.assert_array_equal(two[r][i], xs[i][dests[i][:, r]])
+            np.testing.assert_array_equal(flat[r][i], two[r][i])
+    def nic_bytes(world):
+        return sum(t.nbytes for t in world.trace if t.link == "nic")
+
+    node_of = np.arange(n) // per_node
+    copies = sum(int((d & (node_of != src // per_node)).sum()) for src, d in enumerate(dests))
+    per_node_copies = sum(int(np.logical_or.reduceat(d, np.arange(0, n, per_node), axis=1)[:, np.arange(nodes) !=
+                                                                                         src // per_node].sum())
+                          for src, d in enumerate(dests)) if tokens else 0
+    # rows of 3 float64 (24 B); one int64 count per message; the two-hop rows carry their node's mask (per_node B)
+    assert nic_bytes(flat_world) == 24 * copies + 8 * n * (n - per_node)  # a copy per remote GPU
+    assert nic_bytes(two_world) == (24 + per_node) * per_node_copies + 8 * n * (nodes - 1)  # a copy per remote node
+
+
+def test_node_limited_routing_bounds_what_crosses_the_nics():
+    """Each token to 8 GPUs on at most 2 of 4 nodes: the two-hop dispatch sends it over the
+    NICs at most once per remote node, the flat one once per remote GPU; with bytes large
+    enough, the two-hop dispatch finishes first."""
+    from emulator import Topology
+    from emulator.parallel.moe_alternatives import flat_dispatch, two_hop_dispatch
+
+    n, per_node, tokens = 16, 4, 64
+    xs, dests = random_dispatch(n, tokens, 8, seed=3, max_nodes=2, per_node=per_node)
+    xs = [np.repeat(x, 300, axis=1) for x in xs]  # wide rows: bandwidth, not latency
+    topo = Topology(gpus_per_node=per_node)
+    times = {}
+    for name, fn in (("flat", lambda comm: flat_dispatch(comm, xs[comm.rank], dests[comm.rank])),
+                     ("two hops", lambda comm: two_hop_dispatch(comm, xs[comm.rank], dests[comm.rank], per_node))):
+        w = World(n, topology=topo)
+        w.run(fn)
+        times[name] = max(w.stats().time)
+        nic = sum(t.nbytes for t in w.trace if t.link == "nic")
+        times[name + " nic"] = nic
+    assert times["two hops nic"] < 0.6 * times["flat nic"]
+    assert times["two hops"] < times["flat"]
+
+
+@pytest.mark.parametrize("top_k, cap", [(1, 2), (2, 3), (2, 0), (3, 5), (2, None)])
+def test_gshard_capacity_serves_every_first_choice_before_any_second(top_k, cap):
+    from emulator.nn.moe import keep_first, keep_first_choices_first
+
+    rng = np.random.default_rng(top_k * 10 + (cap or 0))
+    n_experts, tokens = 4, 30
+    ids = np.concatenate([rng.permutation(n_experts)[:top_k] for _ in range(tokens)])
+    keep = keep_first_choices_first(ids, n_experts, cap, top_k)
+    seen = np.zeros(n_experts, int)
+    want = np.zeros(len(ids), bool)
+    for choice in range(top_k):  # brute force: choice by choice, token by token
+        for t in range(tokens):
+            i = t * top_k + choice
+            want[i] = cap is None or seen[ids[i]] < cap
+            seen[ids[i]] += 1
+    np.testing.assert_array_equal(keep, want)
+    first = keep_first(ids, n_experts, cap)
+    assert keep.sum() == first.sum()  # each expert keeps min(count, cap) either way: the same number dropped
+    if top_k == 1:
+        np.testing.assert_array_equal(keep, first)
+        return
+    choice = np.tile(np.arange(top_k), tokens)
+    for e in range(n_experts):  # an expert never drops a first choice while it keeps a later one
+        assert not (((ids == e) & (choice == 0) & ~keep).any() and ((ids == e) & (choice > 0) & keep).any())
+    with pytest.raises(ConfigError, match="whole tokens"):
+        keep_first_choices_first(ids[:-1], n_experts, cap, top_k)

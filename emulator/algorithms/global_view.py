@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .all_to_all import all_to_all_pairwise, reference_all_to_all  # noqa: F401 -- public here too
+from .all_to_all import all_to_all_grouped, all_to_all_pairwise, reference_all_to_all  # noqa: F401 -- public here too
 from .reduce_ops import REDUCE_OPS  # noqa: F401
 from .steps import Messages  # noqa: F401
 from .step_plans import (ALGORITHMS, SMALL, Plan, check_algorithm, check_op, plan_all_gather,  # noqa: F401

@@ -270,7 +270,7 @@ class Comm(PointToPoint):
             raise ShapeError(f"rank {self.global_rank}: all_to_all chunks mix dtypes {sorted(map(str, dtypes))}")
         sig = f"all_to_all(n_chunks={len(chunks)}, dtype={dtypes.pop()})"
         nbytes = sum(_nbytes(c) for c in chunks)
-        return self._collective("all_to_all", sig, list(chunks), nbytes, A.all_to_all_pairwise, async_op)
+        return self._collective("all_to_all", sig, list(chunks), nbytes, A.all_to_all_grouped, async_op)
 
     def all_to_all_single(self, x, output_split_sizes=None, input_split_sizes=None, async_op=False):
         """Split ``x`` along dim 0 by ``input_split_sizes`` (None: equal parts), send part i

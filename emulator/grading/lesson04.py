@@ -1,18 +1,25 @@
 """Checks for lesson 04 (context parallelism).
 
 Every answer is compared with full softmax attention (``nn.AttentionCore``) on several
-ring sizes, causal and not; the ring's trace is read (neighbours only, c - 1 steps, the
-bytes of one K/V block per step), its timeline too (each transfer runs while the rank
-computes), and the one-device exercise is measured for memory (the T x T scores never
-exist). While a check runs, the library's own versions refuse.
+ring sizes, causal and not, in both layouts, with scores large enough that an
+unstabilised sum of exponentials overflows. The ring's trace is read (point to point
+with its neighbours only, the bytes of one K/V block per step), its timeline too (each
+transfer runs while the rank computes; each rank's compute is what its causal mask
+leaves, quarter-blocks skipped in the zigzag layout), and what the program holds is
+measured (``tracemalloc``, beside the library's ring run the same way): a ring holds two
+K/V blocks at a time, not the whole sequence's. While a check runs, the library's own
+versions refuse, and so does torch (its allocator is invisible to ``tracemalloc``).
 """
 
+import sys
 import tracemalloc
+from contextlib import contextmanager
 
 import numpy as np
 
 from .. import Topology, World, nn
 from ..accounting import activations
+from ..errors import RankError
 from ..parallel import context_parallel as cp
 from ..parallel.context_parallel import layout as L
 from ..parallel.context_parallel import online_softmax as OS
@@ -21,15 +28,16 @@ from .common import CheckFailed, compare_arrays, expect, passed, run_on_emulator
 from .napkins import variants
 from .refuse import refusing
 
-ONLINE = (OS.blockwise_attention, OS.OnlineSoftmax.update, RING.ring_attention)
-FORWARD = (RING.ring_attention, OS.blockwise_attention, RING.blocks, RING.ring_plan)
+ONLINE = (OS.blockwise_attention, OS.OnlineSoftmax, RING.ring_attention)
 LAYOUT = (L.split_sequence, L.gather_sequence, L.positions, L.chunks_of, RING.blocks, RING.ring_plan)
+FORWARD = (RING.ring_attention, OS.blockwise_attention, OS.OnlineSoftmax, RING.blocks, RING.ring_plan)
 BACKWARD = (RING.ring_attention_backward, RING.blocks)
+OVERFLOW = 709.0  # e^x overflows float64 above this
 
 
-def _qkv(shape, seed):
+def _qkv(shape, seed, scale=1.0):
     rng = np.random.default_rng(seed)
-    return [rng.standard_normal(shape) for _ in range(4)]
+    return [rng.standard_normal(shape) * s for s in (scale, scale, 1.0, 1.0)]
 
 
 def _full(q, k, v, causal, do=None):
@@ -38,84 +46,137 @@ def _full(q, k, v, causal, do=None):
     return o if do is None else (o,) + core.backward_input({}, cache, do)
 
 
-def check_online_attention(fn):
-    """Exercise 4.1: fn(q, k, v, block, causal) -> attention, one block of keys at a time."""
-    what = "Exercise 4.1"
-    for shape, block, causal in [((1, 1, 8, 4), 8, False), ((2, 3, 32, 8), 4, False), ((2, 3, 32, 8), 8, True),
-                                 ((1, 2, 24, 4), 1, True), ((1, 1, 30, 4), 6, True)]:
-        q, k, v, _ = _qkv(shape, block)
-        with refusing(what, *ONLINE):
-            got = fn(q.copy(), k.copy(), v.copy(), block, causal)
-        compare_arrays(f"{what}, shape {shape}, block {block}, causal={causal}", got, _full(q, k, v, causal))
-    q, k, v, _ = _qkv((1, 1, 1024, 8), 0)
+# ----------------------------------------------------------------- no torch inside a check
+def _torch_name(event, frame, arg):
+    """The torch function a profiler event enters, or None."""
+    if event == "call":
+        name = frame.f_globals.get("__name__", "")
+        return f"{name}.{frame.f_code.co_name}" if name.split(".")[0] == "torch" else None
+    if event == "c_call":
+        owner = getattr(arg, "__module__", None) or getattr(getattr(arg, "__objclass__", None), "__module__", None)
+        self_ = getattr(arg, "__self__", None)
+        if owner is None and isinstance(self_, type(sys)):
+            owner = self_.__name__
+        if owner and owner.split(".")[0] == "torch":
+            return f"{owner}.{getattr(arg, '__name__', '?')}"
+    return None
+
+
+@contextmanager
+def _without_torch(what):
+    """Fail the check if the code run inside calls into torch: its kernels allocate outside
+    Python's allocator, so the memory measured here would not see them."""
+    seen = []
+
+    def profile(frame, event, arg):
+        if not seen:
+            name = _torch_name(event, frame, arg)
+            if name:
+                seen.append(name)
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        yield
+    finally:
+        sys.setprofile(previous)
+        if seen:
+            raise CheckFailed(f"{what}: your code called {seen[0]}; write the exercise in NumPy (torch's kernels are "
+                              f"not the exercise, and their memory is invisible to this check)")
+
+
+def _traced_peak(run):
+    """Peak bytes Python's allocator (NumPy arrays included) holds while ``run()`` runs."""
     tracemalloc.start()
     try:
-        with refusing(what, *ONLINE):
-            fn(q, k, v, 64, True)
-        peak = tracemalloc.get_traced_memory()[1]
+        base = tracemalloc.get_traced_memory()[0]
+        result = run()
+        return result, tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
+
+
+# ----------------------------------------------------------------- Exercise 4.1
+def _fold_reference(blocks):
+    scores = np.concatenate([s for s, _ in blocks], axis=-1)
+    values = np.concatenate([v for _, v in blocks], axis=-2)
+    top = scores.max(-1, keepdims=True)
+    e = np.exp(scores - top)
+    return e @ values / e.sum(-1, keepdims=True), (top + np.log(e.sum(-1, keepdims=True)))[..., 0]
+
+
+def _blocks_of_scores(rows, n_blocks, width, d, scale, seed, masked):
+    """Blocks of (scores, values); with ``masked``, row i sees nothing before block i // 2
+    (rows that start with only -inf), as a causal mask makes."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for j in range(n_blocks):
+        s = rng.standard_normal((2, rows, width)) * scale
+        if masked:
+            hidden = (np.arange(rows) // 2 > j)[:, None] | (rng.random((rows, width)) < 0.3)
+            hidden[np.arange(rows) // 2 <= j, 0] = False  # every row sees something once it starts
+            s = np.where(hidden, -np.inf, s)
+        out.append((s, rng.standard_normal((2, width, d))))
+    return out
+
+
+def check_online_attention(update, attention):
+    """Exercise 4.1: update(m, l, acc, scores, v) -> (m, l, acc), one block folded in;
+    attention(q, k, v, block, causal) -> softmax attention, one block of keys at a time."""
+    what = "Exercise 4.1"
+    for rows, n_blocks, width, scale, masked in [(3, 2, 4, 1.0, False), (6, 5, 3, 3.0, True),
+                                                  (4, 4, 8, 900.0, False), (8, 6, 2, 1500.0, True)]:
+        blocks = _blocks_of_scores(rows, n_blocks, width, 5, scale, rows + n_blocks, masked)
+        m, l, acc = np.full((2, rows), -np.inf), np.zeros((2, rows)), np.zeros((2, rows, 5))
+        label = f"{what}, online_update, {n_blocks} blocks of {width} keys, scores up to {scale * 3:.0f}" + \
+            (", some rows masked so far" if masked else "")
+        with refusing(what, *ONLINE), _without_torch(what):
+            for s, v in blocks:
+                m, l, acc = (np.asarray(x, np.float64) for x in update(m.copy(), l.copy(), acc.copy(), s.copy(),
+                                                                       v.copy()))
+        with np.errstate(all="ignore"):  # a wrong answer may divide by zero: reported below
+            out, lse = acc / l[..., None], m + np.log(l)
+        want, want_lse = _fold_reference(blocks)
+        if not np.isfinite(out).all():
+            if masked and np.isfinite(out[..., :2, :]).all():  # rows 2.. are the ones that start masked
+                raise CheckFailed(f"{label}: rows that saw only masked scores (-inf) in the first blocks end as "
+                                  f"nan: while the running max m is -inf, e^(m - m') is e^(-inf + inf); "
+                                  f"treat such rows as holding nothing (l = 0, acc = 0)")
+            raise CheckFailed(f"{label}: the output has inf or nan. e^x overflows once x passes about "
+                              f"{OVERFLOW:.0f}: subtract the running max before exponentiating and rescale what "
+                              f"you kept by e^(m - m') when the max grows")
+        compare_arrays(f"{label}: acc / l", out, want)
+        compare_arrays(f"{label}: m + log l (the log-sum-exp backward needs)", lse, want_lse)
+    cases = [((1, 1, 8, 4), 8, False, 1.0), ((2, 3, 32, 8), 4, False, 1.0), ((2, 3, 32, 8), 8, True, 1.0),
+             ((1, 2, 24, 4), 1, True, 1.0), ((1, 1, 30, 4), 6, True, 1.0), ((1, 2, 32, 4), 8, True, 20.0)]
+    for shape, block, causal, scale in cases:
+        q, k, v, _ = _qkv(shape, block, scale)
+        with refusing(what, *ONLINE), _without_torch(what):
+            got = attention(q.copy(), k.copy(), v.copy(), block, causal)
+        label = f"{what}, online_attention, shape {shape}, block {block}, causal={causal}"
+        want = _full(q, k, v, causal)
+        if scale > 1 and not np.isfinite(np.asarray(got, np.float64)).all():
+            top = np.abs(q @ k.swapaxes(-1, -2)).max() / np.sqrt(shape[-1])
+            raise CheckFailed(f"{label}: scores reach {top:.0f} and your output has inf or nan: e^x overflows once x "
+                              f"passes about {OVERFLOW:.0f}; keep the running max and subtract it (online_update)")
+        compare_arrays(label, got, want)
+    q, k, v, _ = _qkv((1, 1, 1024, 8), 0)
+    with refusing(what, *ONLINE), _without_torch(what):
+        _, peak = _traced_peak(lambda: attention(q, k, v, 64, True))
     scores = 1024 * 1024 * 8
     expect(peak < scores / 2, f"{what}: with 1024 positions in blocks of 64, your function allocated {peak / 1e6:.1f} MB "
                               f"at its peak; the full score matrix is {scores / 1e6:.1f} MB. Keep only one block of "
                               f"scores (and the running max, sum and output) at a time")
-    passed(what, f"equal to full attention for 5 shapes and block sizes, causal and not; peak memory "
+    passed(what, f"online_update folds blocks exactly, with scores past e^x's overflow and fully masked rows; "
+                 f"online_attention equals full attention for {len(cases)} shapes and block sizes, with peak memory "
                  f"{peak / 1e6:.2f} MB where the scores alone would be {scores / 1e6:.1f} MB")
 
 
-CASES = [(c, causal, layout) for c in (1, 2, 3, 4, 8) for causal in (False, True) for layout in L.LAYOUTS]
-
-
-def check_ring_forward(fn):
-    """Exercise 4.2: fn(comm, q, k, v, causal, layout) -> this rank's rows of attention."""
-    what = "Exercise 4.2"
-    topo = Topology(flops=1e8)  # compute slow beside the transfers, so that overlap is plain in the timeline
-    for c, causal, layout in CASES:
-        label = f"{what}, c={c}, {'causal' if causal else 'no mask'}, {layout}"
-        q, k, v, _ = _qkv((2, 2, 8 * c, 8), c)
-        shards = [cp.split_sequence(a, c, layout) for a in (q, k, v)]
-        world = World(c, topology=topo)
-        with refusing(what, *FORWARD):
-            got = run_on_emulator(world, lambda comm: fn(comm, *(s[comm.rank].copy() for s in shards), causal=causal,
-                                                         layout=layout), label)
-        compare_arrays(label, cp.gather_sequence(got, layout), _full(q, k, v, causal))
-        block = 2 * q.nbytes // c
-        for r in range(c):
-            calls = world.calls[r]
-            bad = [x for x in calls if x.op not in ("send", "recv")]
-            if bad:
-                raise CheckFailed(f"{label}: rank {r} called {bad[0]!r}; the ring needs point to point only")
-            sends = [x for x in calls if x.op == "send"]
-            expect(all(x.peer == (r + 1) % c for x in sends) and
-                   all(x.peer == (r - 1) % c for x in calls if x.op == "recv"),
-                   f"{label}: rank {r} talks to {sorted({x.peer for x in calls})}; send to rank r+1 and receive from "
-                   f"r-1 only")
-            expect(sum(x.nbytes for x in sends) == (c - 1) * block,
-                   f"{label}: rank {r} sent {sum(x.nbytes for x in sends)} bytes; c-1 = {c - 1} steps of one K and "
-                   f"V block ({block} bytes) each are needed: no more, no less")
-        if c > 1 and not causal:
-            tl = world.timeline()
-            computes = tl.of(0, "compute", "compute")
-            expect(computes, f"{what}: charge each block's compute with comm.compute(flops=...) (4 x batch x heads "
-                             f"x n_q x n_k x d_head)")
-            transfers = [e for e in tl.events if e.rank == 0 and e.stream.startswith("p2p") and e.kind == "comm"]
-            hidden = [t for t in transfers if any(t.start < e.end and e.start < t.end for e in computes)]
-            expect(len(hidden) == len(transfers), f"{label}: {len(transfers) - len(hidden)} of rank 0's transfers "
-                   f"ran while it computed nothing: post the next block's send and receive (batch_isend_irecv) "
-                   f"before computing on the current one, and wait after")
-        if causal and layout == "contiguous" and c > 1:
-            tl = world.timeline()
-            first, last = tl.total("compute", 0), tl.total("compute", c - 1)
-            expect(last >= c * first * 0.99, f"{label}: rank 0 computed {first * 1e6:.1f} us, rank {c - 1} "
-                   f"{last * 1e6:.1f} us; rank 0's queries come first, so skip the blocks whose keys all come later")
-    passed(what, "equal to full attention on 1, 2, 3, 4 and 8 ranks, causal or not, contiguous or zigzag; "
-                 "neighbours only, c-1 steps of one K/V block; transfers overlap compute; hidden blocks skipped")
-
-
+# ----------------------------------------------------------------- Exercise 4.2
 def check_zigzag(split, gather, visible):
-    """Exercise 4.3: split(x, c) / gather(shards) in the zigzag layout; visible(q_pos, k_pos)
+    """Exercise 4.2: split(x, c) / gather(shards) in the zigzag layout; visible(q_pos, k_pos)
     -> None (the whole block is hidden by the causal mask) or a boolean mask."""
-    what = "Exercise 4.3"
+    what = "Exercise 4.2"
     for c in (1, 2, 3, 4):
         x = np.random.default_rng(c).standard_normal((2, 8 * c, 3))
         with refusing(what, *LAYOUT):
@@ -145,17 +206,152 @@ def check_zigzag(split, gather, visible):
                  "right and hidden blocks skipped")
 
 
+# ----------------------------------------------------------------- the ring: shared reading of a run
+CASES = [(c, causal, layout) for c in (1, 2, 3, 4, 8) for causal in (False, True) for layout in L.LAYOUTS]
+
+
+def _ring_calls(label, world, c, ops=("send", "recv")):
+    """Every call is point to point with a neighbour: sends to r+1, receives from r-1."""
+    for r in range(c):
+        calls = world.calls[r]
+        bad = [x for x in calls if x.op not in ops]
+        if bad:
+            raise CheckFailed(f"{label}: rank {r} called {bad[0].op} on group {bad[0].group}; the ring needs point to "
+                              f"point with its neighbours only (no collective gathers the sequence)")
+        expect(all(x.peer == (r + 1) % c for x in calls if x.op == "send") and
+               all(x.peer == (r - 1) % c for x in calls if x.op == "recv"),
+               f"{label}: rank {r} talks to {sorted({x.peer for x in calls})}; send to rank r+1 and receive from "
+               f"r-1 only")
+
+
+def _compute_per_rank(c, n, causal, layout, lead, d):
+    """Seconds of compute (at 1 FLOP/s) each rank's score blocks need: the quarter-blocks a
+    causal mask leaves, 4 lead n_q n_k d FLOPs each."""
+    need = []
+    for r in range(c):
+        flops = 0
+        for t in range(c):
+            for rows, cols, _ in RING.blocks(r, (r - t) % c, c, n, causal, layout):
+                flops += 4 * lead * (rows.stop - rows.start) * (cols.stop - cols.start) * d
+        need.append(flops)
+    return np.array(need, float)
+
+
+def _memory_against_the_library(what, label, fn, library, shards, c, block, kwargs, refuse, extra_blocks=2):
+    """Run ``fn`` and the library's ring on the same shards, tracing memory; the student's
+    peak may exceed the library's by ``extra_blocks`` K/V blocks per rank, no more."""
+
+    def runner(f, refused):
+        def go():
+            world = World(c)
+            with refusing(what, *refused):
+                return run_on_emulator(world, lambda comm: f(comm, *(s[comm.rank].copy() for s in shards), **kwargs),
+                                       label)
+        return go
+
+    _, lib_peak = _traced_peak(runner(library, ()))
+    with _without_torch(what):
+        _, peak = _traced_peak(runner(fn, refuse))
+    held = (peak - lib_peak) / (c * block) + 2
+    expect(peak <= lib_peak + extra_blocks * c * block,
+           f"{label}: your {c} ranks held about {held:.1f} K/V blocks each at their peak (measured), where the ring "
+           f"needs two: the block it computes with and the one arriving. Keep no other rank's block once you have "
+           f"folded it in (no list of blocks, no concatenated K/V)")
+
+
+# ----------------------------------------------------------------- Exercise 4.3
+def check_ring_forward(fn):
+    """Exercise 4.3: fn(comm, q, k, v, causal, layout) -> this rank's rows of attention."""
+    what = "Exercise 4.3"
+    topo = Topology(flops=1e8)  # compute slow beside the transfers, so that overlap is plain in the timeline
+    for c, causal, layout in CASES:
+        label = f"{what}, c={c}, {'causal' if causal else 'no mask'}, {layout}"
+        q, k, v, _ = _qkv((2, 2, 8 * c, 8), c, scale=30.0)  # scores past e^x's overflow
+        shards = [cp.split_sequence(a, c, layout) for a in (q, k, v)]
+        world = World(c, topology=topo)
+        with refusing(what, *FORWARD), _without_torch(what):
+            got = run_on_emulator(world, lambda comm: fn(comm, *(s[comm.rank].copy() for s in shards), causal=causal,
+                                                         layout=layout), label)
+        compare_arrays(label, cp.gather_sequence(got, layout), _full(q, k, v, causal))
+        _ring_calls(label, world, c)
+        block = 2 * q.nbytes // c
+        for r in range(c):
+            sent = sum(x.nbytes for x in world.calls[r] if x.op == "send")
+            expect(sent == (c - 1) * block, f"{label}: rank {r} sent {sent} bytes; c-1 = {c - 1} steps of one K and V "
+                                            f"block ({block} bytes) each are needed: no more, no less")
+        if c == 1:
+            continue
+        tl = world.timeline()
+        if not causal:
+            computes = tl.of(0, "compute", "compute")
+            expect(computes, f"{label}: charge each block's compute with comm.compute(flops=...) (4 x batch x heads "
+                             f"x n_q x n_k x d_head)")
+            transfers = [e for e in tl.events if e.rank == 0 and e.stream.startswith("p2p") and e.kind == "comm"]
+            hidden = [t for t in transfers if any(t.start < e.end and e.start < t.end for e in computes)]
+            expect(len(hidden) == len(transfers), f"{label}: {len(transfers) - len(hidden)} of rank 0's transfers "
+                   f"ran while it computed nothing: post the next block's send and receive (batch_isend_irecv) "
+                   f"before computing on the current one, and wait after")
+        need = _compute_per_rank(c, 8, causal, layout, 4, 8) / topo.flops
+        done = np.array([tl.total("compute", r) for r in range(c)])
+        for r in np.nonzero(np.abs(done - need) > 0.01 * need)[0]:
+            if not causal:
+                hint = "charge every block: 4 x batch x heads x n_q x n_k x d_head FLOPs"
+            elif layout == "contiguous":
+                hint = (f"rank r needs r+1 blocks: skip the blocks whose keys all come after the queries "
+                        f"(visible() returns None)")
+            else:
+                hint = (f"with zigzag every rank needs {2 * c + 1} of its {4 * c} quarter-blocks (half of its queries "
+                        f"against half of a block's keys): call visible() on each pair of halves and skip the "
+                        f"hidden ones, charging only what you compute")
+            raise CheckFailed(f"{label}: rank {r} computed {done[r] * 1e6:.1f} us, its mask needs {need[r] * 1e6:.1f} "
+                              f"us; {hint}")
+    c, n, d = 8, 16, 64  # K/V blocks far larger than a block of scores
+    q, k, v, _ = _qkv((1, 1, c * n, d), 99)
+    shards = [cp.split_sequence(a, c) for a in (q, k, v)]
+    _memory_against_the_library(what, f"{what}, memory on {c} ranks", fn,
+                                lambda comm, q, k, v, causal, layout: cp.ring_attention(comm, q, k, v, causal, layout)[0],
+                                shards, c, 2 * q.nbytes // c, {"causal": False, "layout": "contiguous"}, FORWARD)
+    passed(what, "equal to full attention on 1, 2, 3, 4 and 8 ranks, causal or not, contiguous or zigzag; neighbours "
+                 "only, c-1 steps of one K/V block; transfers overlap compute; each rank computes only what its mask "
+                 "leaves (quarter-blocks in zigzag); two K/V blocks held at a time")
+
+
+def run_layouts(fn, c=4, flops=1e10):
+    """Run ``fn`` (a ring forward as Exercise 4.3's) causally in both layouts on ``c`` ranks;
+    returns ({layout: timeline}, whose ring ran). An unfinished exercise runs the library's."""
+    rng = np.random.default_rng(2)
+    seq = rng.standard_normal((3, 1, 4, 64 * c, 16))
+    whose = "yours"
+    timelines = {}
+    for layout in cp.LAYOUTS:
+        shards = [cp.split_sequence(x, c, layout) for x in seq]
+        world = World(c, topology=Topology(flops=flops))
+        try:
+            world.run(lambda comm: fn(comm, *(x[comm.rank] for x in shards), causal=True, layout=layout))
+        except RankError as exc:
+            if not isinstance(exc.original, NotImplementedError):
+                raise
+            whose = "the library's (Exercise 4.3 is not done yet)"
+            world = World(c, topology=Topology(flops=flops))
+            world.run(lambda comm: cp.ring_attention(comm, *(x[comm.rank] for x in shards), causal=True,
+                                                     layout=layout))
+        timelines[layout] = world.timeline()
+    return timelines, whose
+
+
+# ----------------------------------------------------------------- Exercise 4.4
 def check_ring_backward(fn):
     """Exercise 4.4: fn(comm, q, k, v, out, lse, dout, causal, layout) -> (dq, dk, dv) for this rank."""
     what = "Exercise 4.4"
+    forwards = {}
     for c, causal, layout in CASES:
         label = f"{what}, c={c}, {'causal' if causal else 'no mask'}, {layout}"
         q, k, v, do = _qkv((2, 2, 4 * c, 8), 10 + c)
         want = _full(q, k, v, causal, do)
         shards = [cp.split_sequence(a, c, layout) for a in (q, k, v, do)]
-
         forward = World(c).run(lambda comm: cp.ring_attention(comm, *(s[comm.rank] for s in shards[:3]),
                                                              causal=causal, layout=layout))  # the library's
+        forwards[(c, causal, layout)] = forward
 
         def prog(comm):
             parts = [s[comm.rank].copy() for s in shards]
@@ -164,18 +360,34 @@ def check_ring_backward(fn):
                       layout=layout)
 
         world = World(c)
-        with refusing(what, *BACKWARD):
+        with refusing(what, *BACKWARD), _without_torch(what):
             got = run_on_emulator(world, prog, label)
         for i, name in enumerate(("dq", "dk", "dv")):
             compare_arrays(f"{label}: {name}", cp.gather_sequence([g[i] for g in got], layout), want[i + 1])
+        _ring_calls(label, world, c)
+        block = 2 * q.nbytes // c
         for r in range(c):
-            calls = [x for x in world.calls[r] if x.op == "send"]
-            expect(all(x.peer == (r + 1) % c for x in calls), f"{label}: rank {r} sends to "
-                   f"{sorted({x.peer for x in calls})}; the ring sends to rank r+1 only")
+            sent = sum(x.nbytes for x in world.calls[r] if x.op == "send")
+            expect(sent <= 2 * c * block, f"{label}: rank {r} sent {sent} bytes, {sent / block:.1f} K/V blocks; the "
+                   f"ring backward sends its K/V block c-1 times and the dK/dV partial sums c times ({2 * c - 1} "
+                   f"blocks): keep q and dout home")
+    c, n, d = 8, 16, 64
+    q, k, v, do = _qkv((1, 1, c * n, d), 98)
+    shards = [cp.split_sequence(a, c) for a in (q, k, v, do)]
+    forward = World(c).run(lambda comm: cp.ring_attention(comm, *(s[comm.rank] for s in shards[:3])))
+    outs = [[f[0] for f in forward]] + [[f[1]["lse"] for f in forward]]
+
+    def library(comm, q, k, v, out, lse, dout, causal, layout):
+        cache = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "causal": causal, "layout": layout}
+        return cp.ring_attention_backward(comm, cache, dout)
+
+    _memory_against_the_library(what, f"{what}, memory on {c} ranks", fn, library, shards[:3] + outs + shards[3:], c,
+                                2 * q.nbytes // c, {"causal": False, "layout": "contiguous"}, BACKWARD)
     passed(what, "dQ, dK and dV equal full attention's on 1, 2, 3, 4 and 8 ranks, causal or not, in both layouts, "
-                 "dK and dV travelling around the ring and home")
+                 "dK and dV travelling around the ring and home; neighbours only; two K/V blocks held at a time")
 
 
+# ----------------------------------------------------------------- napkins
 def memory_128k(s, b, h, layers, c):
     """Model answer of Napkin 4.1: (activations per GPU per layer, for all layers): the
     34 sbh of a layer's bf16 activations (the s^2 scores never stored) over s / c positions."""
@@ -192,17 +404,23 @@ def napkin_memory(fn):
     passed("Napkin 4.1", f"{layer / 1e9:.2f} GB per layer, {total / 1e9:.0f} GB for all layers per GPU")
 
 
-def overlap_length(flops=989e12, beta=370e9, dtype_bytes=2):
+def overlap_length(flops=989e12, beta=370e9, dtype_bytes=2, h=16384, kv_heads=8, head_dim=128):
     """Model answer of Napkin 4.2: the fewest local positions n for which one ring step's
-    compute (4 b n^2 h FLOPs) takes as long as its K/V transfer (2 b n h dtype_bytes)."""
-    return flops * dtype_bytes / (2 * beta)
+    compute (4 b n^2 h FLOPs, every query head) takes as long as its K/V transfer
+    (2 b n kv_heads head_dim values of dtype_bytes): n = flops dtype_bytes kv / (2 beta h),
+    with kv = kv_heads head_dim the width of K (and of V) under grouped-query attention."""
+    return flops * dtype_bytes * kv_heads * head_dim / (2 * beta * h)
 
 
 def napkin_overlap(fn):
-    """fn(flops, beta, dtype_bytes) -> positions per rank at which compute hides the transfer."""
-    cases = [dict(flops=989e12, beta=370e9, dtype_bytes=2), dict(flops=989e12, beta=48e9, dtype_bytes=2),
-             dict(flops=312e12, beta=250e9, dtype_bytes=2), dict(flops=120e12, beta=48e9, dtype_bytes=4)]
+    """fn(flops, beta, dtype_bytes, h, kv_heads, head_dim) -> positions per rank at which
+    compute hides the transfer."""
+    cases = [dict(flops=989e12, beta=370e9, dtype_bytes=2, h=16384, kv_heads=8, head_dim=128),
+             dict(flops=989e12, beta=48e9, dtype_bytes=2, h=16384, kv_heads=8, head_dim=128),
+             dict(flops=312e12, beta=250e9, dtype_bytes=2, h=4096, kv_heads=32, head_dim=128),  # no GQA
+             dict(flops=120e12, beta=48e9, dtype_bytes=4, h=8192, kv_heads=8, head_dim=128),
+             dict(flops=989e12, beta=370e9, dtype_bytes=1, h=5120, kv_heads=4, head_dim=64)]
     (n,) = variants("Napkin 4.2", lambda **kw: (fn(**kw),), cases, lambda **kw: (overlap_length(**kw),), "",
                     ("positions",))
-    passed("Napkin 4.2", f"on NVLink the transfer hides once each rank holds {n:,.0f} positions; across nodes "
-                         f"{overlap_length(beta=48e9):,.0f}")
+    passed("Napkin 4.2", f"with Llama 3 405B's K/V (8 heads of 128, 16 times narrower than h) the transfer hides once "
+                         f"each rank holds {n:,.0f} positions on NVLink, {overlap_length(beta=48e9):,.0f} across nodes")

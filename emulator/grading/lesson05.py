@@ -1,10 +1,11 @@
 """Checks for lesson 05 (mixture of experts, expert parallelism).
 
 Routing, permutation and capacity are compared with brute-force references on many random
-cases; the expert-parallel forward and backward with the single-device ``nn.MoE`` on the
-concatenation of every rank's tokens, for ep = 1, 2, 4, several expert counts and k = 1, 2,
-and their traces are read (an all-to-all of counts, then uneven all-to-alls whose split
-sizes are the routed counts). While a check runs, the library's own versions refuse.
+cases (experts that receive nothing included); the expert-parallel forward and backward,
+dropless and with capacity, with the single-device ``nn.MoE`` on the concatenation of
+every rank's tokens, for ep = 1, 2, 4, several expert counts and k = 1, 2, and their traces
+are read (an all-to-all of counts, then uneven all-to-alls whose split sizes are the routed
+counts). While a check runs, the library's own versions refuse.
 """
 
 import numpy as np
@@ -21,7 +22,8 @@ ROUTING = (M.route,)
 PERMUTE = (M.permutation,)
 FORWARD = (EP.forward,)
 BACKWARD = (EP.backward,)
-CAPACITY = (M.keep_first,)
+CAPACITY = (M.keep_first, M.keep_first_choices_first)
+EP_CAPACITY = (EP.forward, M.keep_first, M.keep_first_choices_first)
 SHAPES = [(4, 1), (4, 2), (8, 2), (8, 1)]
 
 
@@ -55,15 +57,22 @@ def check_permutation(permute, unpermute):
     unpermute(ys, order, tokens, weights, n_tokens) -> y (n_tokens, d)."""
     what = "Exercise 5.2"
     rng = np.random.default_rng(1)
-    for t, e, k in [(6, 3, 1), (20, 4, 2), (33, 8, 2), (10, 5, 3)]:
-        idx = np.stack([rng.permutation(e)[:k] for _ in range(t)])
+    # the last two cases leave the last expert (and then the first too) with no assignment
+    for t, e, k, unused in [(6, 3, 1, ()), (20, 4, 2, ()), (33, 8, 2, ()), (10, 5, 3, ()), (12, 6, 2, (5,)),
+                            (9, 7, 1, (0, 6))]:
+        pool = np.setdiff1d(np.arange(e), unused)
+        idx = np.stack([rng.permutation(pool)[:k] for _ in range(t)])
         ids, tokens = idx.ravel(), np.repeat(np.arange(t), k)
         with refusing(what, *PERMUTE):
             order, counts = permute(ids.copy(), e)
         want = np.argsort(ids, kind="stable")
         expect(np.array_equal(np.asarray(order), want), f"{what}, {t} tokens, {e} experts, k={k}: the order differs; "
                f"sort the assignments by expert, keeping token order within each expert (a stable sort)")
-        expect(np.array_equal(np.asarray(counts), np.bincount(ids, minlength=e)),
+        want_counts = np.bincount(ids, minlength=e)
+        expect(np.shape(counts) == (e,), f"{what}, {e} experts, expert(s) {list(unused)} chosen by no token: counts "
+               f"has shape {np.shape(counts)}, expected ({e},): one count per expert, zeros included (np.bincount "
+               f"stops at the largest id it sees unless given minlength)")
+        expect(np.array_equal(np.asarray(counts), want_counts),
                f"{what}: counts must list the assignments of every expert 0..{e - 1} (zeros included)")
         ys = rng.standard_normal((len(ids), 5))
         weights = rng.random((t, k))
@@ -130,6 +139,20 @@ def check_ep_backward(fn):
                                                              fwd[comm.rank][1], dys[comm.rank].copy()), label)
             compare_arrays(f"{label}: input gradient", np.concatenate([np.asarray(g[0]).reshape(-1, 8) for g in got]),
                            dx)
+            for r, g in enumerate(got):
+                mine = g[1] if isinstance(g, (tuple, list)) and len(g) == 2 else None
+                expect(isinstance(mine, dict), f"{label}: rank {r} returned {type(mine).__name__} for the gradients; "
+                       f"return (dx, grads) with grads a dict keyed like params")
+                for key in grads:
+                    if key in mine:
+                        continue
+                    if key == "router.w":
+                        raise CheckFailed(f"{label}: rank {r}'s gradients have no 'router.w': the router is trained "
+                                          f"too. Its weights get a gradient through each token's expert weights: "
+                                          f"route_backward(params['router.w'], cache['route'], dweights) gives "
+                                          f"dlogits, and the router's gradient is x.T @ dlogits")
+                    raise CheckFailed(f"{label}: rank {r}'s gradients have no {key!r}: experts_backward_weight gives "
+                                      f"the gradients of this rank's experts")
             for key in grads:
                 if key == "router.w":
                     mine = [g[1][key] for g in got]
@@ -166,6 +189,62 @@ def check_capacity(fn):
             raise CheckFailed(f"{what}, capacity {cap}: assignment {i} (expert {ids[i]}, #{(ids[:i] == ids[i]).sum()} "
                               f"in its line) should be {'kept' if want[i] else 'dropped'}: first come, first served")
     passed(what, "the first `capacity` assignments of each expert kept, the rest dropped, in 5 cases")
+
+
+def _skewed_layer(e, k, cf, seed):
+    moe = nn.MoE(8, 16, e, k, cf, dtype=np.float64)
+    p = moe.init(np.random.default_rng(seed))
+    p["router.w"] *= 40
+    p["router.w"][:, 0] += 0.5  # expert 0 is everybody's favourite: it overflows
+    return moe, p
+
+
+def _per_rank_capacity(moe, p, xs):
+    """The wrong reference: capacity applied to each rank's tokens apart."""
+    part = nn.MoE(moe.d_model, moe.d_ff, moe.n_experts, moe.top_k, moe.capacity_factor, dtype=np.float64)
+    return np.concatenate([part.forward(p, x)[0] for x in xs])
+
+
+def check_ep_capacity(fn):
+    """Exercise 5.6: fn(comm, moe, params_local, x_local) -> y_local, with the layer's
+    capacity: the same assignments dropped as on one device."""
+    what = "Exercise 5.6"
+    for size in (1, 2, 4):
+        for e, k in SHAPES:
+            for cf in (0.5, 1.0, 1.5):
+                moe, p = _skewed_layer(e, k, cf, seed=size + e + int(4 * cf))
+                x = np.random.default_rng(size + k).standard_normal((6 * size, 8))
+                y, cache = moe.forward(p, x)
+                xs = np.split(x, size)
+                world = World(size)
+                label = f"{what}, ep={size}, {e} experts, k={k}, capacity factor {cf}"
+                with refusing(what, *EP_CAPACITY):
+                    got = run_on_emulator(world, lambda comm: fn(comm, moe, EP.shard_experts(p, size, comm.rank),
+                                                                 xs[comm.rank].copy()), label)
+                out = np.concatenate([np.asarray(g).reshape(-1, 8) for g in got])
+                if not np.allclose(out, y, rtol=1e-9, atol=1e-9):
+                    dropless = nn.MoE(8, 16, e, k, None, dtype=np.float64).forward(p, x)[0]
+                    if cache["dropped"] and np.allclose(out, dropless, rtol=1e-9, atol=1e-9):
+                        raise CheckFailed(f"{label}: nothing was dropped, but {cache['dropped']} assignments overflow: "
+                                          f"each expert computes at most ceil(c T k / E) rows of the whole batch "
+                                          f"(T: every rank's tokens)")
+                    if size > 1 and np.allclose(out, _per_rank_capacity(moe, p, xs), rtol=1e-9, atol=1e-9):
+                        raise CheckFailed(f"{label}: you applied the capacity to each rank's tokens apart; an expert's "
+                                          f"buffer takes the first ceil(c T k / E) rows of the whole batch, in token "
+                                          f"order: rank 0's tokens, then rank 1's, ...")
+                    compare_arrays(f"{label}: output", out, y)
+                for r in range(size):
+                    ops = [c.op for c in world.calls[r]]
+                    expect(set(ops) <= {"all_to_all_single", "all_to_all", "all_gather"} and
+                           sum(op.startswith("all_to_all") for op in ops) >= (2 if size > 1 else 0),
+                           f"{label}: rank {r} made {ops}; dispatch and combine are all-to-alls (counts may be "
+                           f"exchanged with an all-to-all or an all-gather)")
+                routed = size * 6 * k * 8 * 8  # every assignment of every rank's 6 tokens: rows of 8 float64
+                moved = sum(c.nbytes for r in range(size) for c in world.calls[r])
+                expect(moved <= 2 * routed + size * 8 * 8 * e, f"{label}: the ranks moved {moved} bytes; dispatching "
+                       f"every routed row once and combining it once is {2 * routed} bytes (plus the counts)")
+    passed(what, "expert parallelism with capacity drops what one device drops (token order over the whole batch) "
+                 "for ep = 1, 2, 4, 4 and 8 experts, k = 1, 2, capacity factors 0.5 to 1.5")
 
 
 def napkin_a2a(fn):

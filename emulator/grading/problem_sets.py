@@ -85,8 +85,10 @@ def napkin_4_1(rng):
 
 
 def napkin_4_2(rng):
+    h, kv_heads, head_dim = _pick(rng, [(16384, 8, 128), (8192, 8, 128), (4096, 8, 128), (4096, 32, 128),
+                                        (5120, 8, 128)])  # Llama 3 405B, 70B, 8B, an MHA model, a 13B-sized GQA
     return {"flops": _pick(rng, [312e12, 989e12]), "beta": _pick(rng, [48e9, 250e9, 370e9]),
-            "dtype_bytes": _pick(rng, [2, 4])}
+            "dtype_bytes": _pick(rng, [2, 4]), "h": h, "kv_heads": kv_heads, "head_dim": head_dim}
 
 
 def napkin_5_1(rng):
@@ -141,9 +143,11 @@ PROBLEMS = {
                                "layer for a whole sequence (scores never stored). A batch of {b} sequence(s) of {s} "
                                "tokens runs with context parallelism over {c} GPUs. Bytes per GPU per layer and for all "
                                "layers? Answer: [per layer, all layers]."),
-    "Napkin 4.2": (napkin_4_2, "A ring-attention step on n local positions computes 4 b n^2 h FLOPs and sends 2 b n h "
-                               "values of {dtype_bytes} bytes. At {flops:g} FLOP/s and {beta:g} bytes/s, from how many "
-                               "positions per rank does the compute take as long as the transfer?"),
+    "Napkin 4.2": (napkin_4_2, "A model of width h = {h} uses grouped-query attention: {kv_heads} K/V heads of "
+                               "{head_dim}. A ring-attention step on n local positions computes 4 b n^2 h FLOPs and "
+                               "sends the K and V of n positions, {dtype_bytes} bytes per value. At {flops:g} FLOP/s and "
+                               "{beta:g} bytes/s, from how many positions per rank does the compute take as long as "
+                               "the transfer?"),
     "Napkin 5.1": (napkin_5_1, "An MoE layer routes each of {tokens} tokens on a GPU (width {d_model}, {dtype_bytes} "
                                "bytes per value) to top-{top_k} experts spread evenly over {ep} GPUs. Bytes the GPU "
                                "sends per layer in the forward dispatch and combine?"),

@@ -99,6 +99,22 @@ def keep_first(expert_ids, n_experts, cap):
     return position < cap
 
 
+def keep_first_choices_first(expert_ids, n_experts, cap, top_k):
+    """Which assignments fit when every token's first choice is served before any second
+    choice (GShard's order; DeepSpeed's ``top2gating`` in ``deepspeed/moe/sharded_moe.py``
+    places second choices after all first choices: ``locations2 += sum(mask1)``).
+    ``expert_ids`` lists the assignments token by token, ``top_k`` each, best first; within
+    one choice rank, token order. :func:`keep_first` is first come (token order)."""
+    expert_ids = np.asarray(expert_ids)
+    if len(expert_ids) % top_k:
+        raise ConfigError(f"keep_first_choices_first: {len(expert_ids)} assignments are not whole tokens of "
+                          f"top_k = {top_k}")
+    by_choice = np.arange(len(expert_ids)).reshape(-1, top_k).T.ravel()  # every first choice, then every second
+    keep = np.empty(len(expert_ids), bool)
+    keep[by_choice] = keep_first(expert_ids[by_choice], n_experts, cap)
+    return keep
+
+
 def permutation(expert_ids, keep):
     """Indices of the kept assignments sorted by expert (stable: token order within one)."""
     kept = np.nonzero(keep)[0]

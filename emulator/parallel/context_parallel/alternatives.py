@@ -13,6 +13,8 @@
 Forward only: they are here to be measured beside the ring (traffic, memory, limits).
 """
 
+import math
+
 import numpy as np
 
 from ...errors import ConfigError
@@ -21,7 +23,9 @@ from .layout import gather_sequence, positions
 
 
 def _attention(q, k, v, allowed):
-    s = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+    # a Python float scale keeps float32 inputs float32 (np.sqrt would return a float64
+    # scalar, which promotes the scores, and then the output and its all-to-all, to float64)
+    s = q @ k.swapaxes(-1, -2) * (1.0 / math.sqrt(q.shape[-1]))
     if allowed is not None:
         s = np.where(allowed, s, -np.inf)
     return softmax(s) @ v

@@ -9,10 +9,15 @@ while it computes. After ``c - 1`` transfers every rank has seen every block.
 Under a causal mask, a query sees only keys at or before it. Blocks whose keys all come
 after all the queries are skipped, and the rest are masked by position
 (:mod:`.layout`): with the contiguous layout rank ``c - 1`` computes ``c`` blocks and rank
-0 one; with the zigzag layout every rank computes the same ``2c + 1`` half-blocks.
+0 one; with the zigzag layout every rank computes the same ``2c + 1`` of its ``4c``
+quarter-blocks (half of its queries against half of a block's keys).
 
 Backward: each rank keeps its dQ; dK and dV travel with their K/V block, collecting every
 rank's contribution, and after ``c`` transfers arrive home.
+
+Memory: a rank holds two K/V blocks while the ring turns, the one it computes with and the
+one arriving (and, in backward, the dK/dV partial sums with theirs); both are in its
+ledger as ``buffers``, so the ledger shows what the ring costs beside the all-gather.
 """
 
 import math
@@ -45,7 +50,7 @@ def blocks(rank, src, size, n_local, causal, layout):
 
 
 def ring_plan(size, causal=False, layout="contiguous", n_local=2):
-    """For every step and rank: (the rank whose K/V it holds, the half-blocks it computes
+    """For every step and rank: (the rank whose K/V it holds, the quarter-blocks it computes
     as (query piece, key piece) indices). What the widget draws and the ring executes."""
     plan = []
     for t in range(size):
@@ -76,10 +81,21 @@ def _flops(q, n_rows, n_keys, passes):
     return passes * 2 * lead * n_rows * n_keys * q.shape[-1]
 
 
-def _shift(comm, x):
-    """Post: send ``x`` to the next rank, receive the previous rank's; returns the handles."""
+def _shift(comm, x, what):
+    """Post: send ``x`` to the next rank, receive the previous rank's into a new buffer,
+    held in the ledger as ``what`` arriving; returns the handles."""
     right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
-    return comm.batch_isend_irecv([P2POp(comm.isend, x, right), P2POp(comm.irecv, np.empty_like(x), left)])
+    buffer = comm.memory.hold(f"{what} arriving", np.empty_like(x), "buffers")
+    return comm.batch_isend_irecv([P2POp(comm.isend, x, right), P2POp(comm.irecv, buffer, left)])
+
+
+def _arrived(comm, handles, what):
+    """Wait for a shift; the arrived block replaces the held one in the ledger."""
+    x = handles[1].wait()
+    handles[0].wait()
+    comm.memory.release(f"{what} arriving")
+    comm.memory.release(what)
+    return comm.memory.hold(what, x, "buffers")
 
 
 def ring_attention(comm, q, k, v, causal=False, layout="contiguous", accumulate=None):
@@ -92,10 +108,10 @@ def ring_attention(comm, q, k, v, causal=False, layout="contiguous", accumulate=
     c, n, d = comm.size, q.shape[-2], q.shape[-1]
     scale = 1.0 / math.sqrt(d)
     state = OnlineSoftmax(q.shape[:-1], d, accumulate)
-    kv = np.stack([k, v])
+    kv = comm.memory.hold("K/V block", np.stack([k, v]), "buffers")
     for t in range(c):
         src = (comm.rank - t) % c
-        handles = _shift(comm, kv) if t < c - 1 else None  # the next block travels while this one computes
+        handles = _shift(comm, kv, "K/V block") if t < c - 1 else None  # the next block travels meanwhile
         flops = 0
         for rows, cols, mask in blocks(comm.rank, src, c, n, causal, layout):
             s = q[..., rows, :] @ kv[0][..., cols, :].swapaxes(-1, -2) * scale
@@ -105,8 +121,8 @@ def ring_attention(comm, q, k, v, causal=False, layout="contiguous", accumulate=
             flops += _flops(q, rows.stop - rows.start, cols.stop - cols.start, 2)
         comm.compute(flops=flops, name=f"attention, K/V of rank {src}")
         if handles:
-            kv = handles[1].wait()
-            handles[0].wait()
+            kv = _arrived(comm, handles, "K/V block")
+    comm.memory.release("K/V block")
     out, lse = state.finish(q.dtype)
     return out, {"q": q, "k": k, "v": v, "out": out, "lse": lse, "causal": causal, "layout": layout}
 
@@ -122,11 +138,11 @@ def ring_attention_backward(comm, cache, dout):
     scale = 1.0 / math.sqrt(d)
     delta = (dout * out).sum(-1)  # rowsum(dO * O) = rowsum(dP * P)
     dq = np.zeros_like(q)
-    kv = np.stack([cache["k"], cache["v"]])
-    dkv = np.zeros_like(kv)
+    kv = comm.memory.hold("K/V block", np.stack([cache["k"], cache["v"]]), "buffers")
+    dkv = comm.memory.hold("dK/dV block", np.zeros_like(kv), "buffers")
     for t in range(c):
         src = (comm.rank - t) % c
-        handles = _shift(comm, kv) if t < c - 1 else None
+        handles = _shift(comm, kv, "K/V block") if t < c - 1 else None
         flops = 0
         for rows, cols, mask in blocks(comm.rank, src, c, n, causal, layout):
             kb, vb, do = kv[0][..., cols, :], kv[1][..., cols, :], dout[..., rows, :]
@@ -140,10 +156,9 @@ def ring_attention_backward(comm, cache, dout):
             flops += _flops(q, rows.stop - rows.start, cols.stop - cols.start, 5)  # S again, then 4 products
         comm.compute(flops=flops, name=f"attention backward, K/V of rank {src}")
         if c > 1:  # dK/dV of the block go on with it; after the last step they go home
-            back = _shift(comm, dkv)
-            dkv = back[1].wait()
-            back[0].wait()
+            dkv = _arrived(comm, _shift(comm, dkv, "dK/dV block"), "dK/dV block")
         if handles:
-            kv = handles[1].wait()
-            handles[0].wait()
+            kv = _arrived(comm, handles, "K/V block")
+    comm.memory.release("K/V block")
+    comm.memory.release("dK/dV block")
     return dq, dkv[0], dkv[1]
