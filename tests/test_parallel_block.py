@@ -105,3 +105,20 @@ def test_context_parallel_cores_equal_one_device(core, layout, t, c):
         want = mine[0][3]
         for k in want:
             assert np.allclose(sum(o[2][k] for o in mine), want[k]), k
+
+
+def test_the_ring_carries_kv_heads_only():
+    """Grouped-query attention on a ring: K/V travel with their own heads (2 of 4 here), not
+    repeated for every query head."""
+    P, x, dy, *_ = reference(kv=2)
+
+    def prog(comm):
+        tb = TensorParallelBlock(comm.new_group([comm.global_rank]), D, A, FF, act_dtype=np.float64, n_kv_heads=2,
+                                 core=RingCore(comm, True, "zigzag"))
+        y, c = tb.forward(tb.shard(P), split_sequence(x, 2, "zigzag", dim=1)[comm.rank])
+        return y
+
+    w = World(2)
+    w.run(prog)
+    sends = [c for c in w.calls[0] if c.op == "send"]
+    assert sends and all(c.nbytes == 2 * B * 2 * (S // 2) * (D // A) * 8 for c in sends)  # K and V, 2 heads

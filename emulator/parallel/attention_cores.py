@@ -112,13 +112,11 @@ class RingCore:
         self.cp, self.causal, self.layout = cp, causal, layout
 
     def forward(self, q, k, v):
-        g = q.shape[1] // k.shape[1]
-        o, cache = ring_attention(self.cp, q, repeat_kv(k, g), repeat_kv(v, g), self.causal, self.layout)
-        return o, {"ring": cache, "group": g}
+        o, cache = ring_attention(self.cp, q, k, v, self.causal, self.layout)  # K/V heads travel as they are
+        return o, {"ring": cache}
 
     def backward(self, c, do):
-        dq, dk, dv = ring_attention_backward(self.cp, c["ring"], do)
-        return dq, sum_kv(dk, c["group"]), sum_kv(dv, c["group"])
+        return ring_attention_backward(self.cp, c["ring"], do)
 
 
 class UlyssesCore:

@@ -23,11 +23,12 @@ from ...errors import ConfigError
 class OnlineSoftmax:
     """Running softmax-weighted sums for ``rows`` (a shape ``(..., n)``) of width ``d``."""
 
-    def __init__(self, rows, d, accumulate=np.float64):
+    def __init__(self, rows, d, accumulate=np.float64, like=None):
         self.dtype = np.dtype(accumulate)
-        self.m = np.full(rows, -np.inf, self.dtype)
-        self.l = np.zeros(rows, self.dtype)
-        self.acc = np.zeros(tuple(rows) + (d,), self.dtype)
+        like = np.empty(0) if like is None else like  # a shape-only ``like`` keeps the state shape-only
+        self.m = np.full_like(like, -np.inf, self.dtype, shape=rows)
+        self.l = np.zeros_like(like, self.dtype, shape=rows)
+        self.acc = np.zeros_like(like, self.dtype, shape=tuple(rows) + (d,))
 
     def update(self, scores, v, rows=slice(None)):
         """Fold in a block: ``scores`` (..., n_rows, n_keys) already scaled and masked,
@@ -45,7 +46,7 @@ class OnlineSoftmax:
 
     def finish(self, dtype):
         """(out, lse) once every key has been seen."""
-        if not (self.l > 0).all():
+        if isinstance(self.l, np.ndarray) and not (self.l > 0).all():
             raise ConfigError("online softmax: some query rows saw no key at all")
         l = self.l.astype(np.float64)
         out = (self.acc.astype(np.float64) / l[..., None]).astype(dtype)

@@ -27,6 +27,7 @@ import numpy as np
 from ...errors import ConfigError
 from ...engine.p2p import P2POp
 from .layout import chunks_of
+from ...machine.kernels import attention as attention_kernel
 from .online_softmax import OnlineSoftmax
 
 
@@ -64,11 +65,18 @@ def ring_plan(size, causal=False, layout="contiguous", n_local=2):
     return plan
 
 
+def _array(a):
+    return a if hasattr(a, "shape") and hasattr(a, "dtype") else np.asarray(a)
+
+
 def _check(comm, q, k, v, layout):
-    q, k, v = (np.asarray(a) for a in (q, k, v))
-    if q.ndim < 2 or q.shape != k.shape or k.shape != v.shape:
+    q, k, v = (_array(a) for a in (q, k, v))
+    grouped = q.ndim >= 3 and k.ndim == q.ndim and q.shape[-3] != k.shape[-3] and \
+        q.shape[-3] % k.shape[-3] == 0 and q.shape[:-3] + q.shape[-2:] == k.shape[:-3] + k.shape[-2:]
+    if q.ndim < 2 or (q.shape != k.shape and not grouped) or k.shape != v.shape:
         raise ConfigError(f"rank {comm.global_rank}: ring attention needs q, k, v of one shape (..., s_local, "
-                          f"d_head); got {q.shape}, {k.shape}, {v.shape}")
+                          f"d_head), or k and v with fewer heads that divide q's (grouped-query attention); got "
+                          f"{q.shape}, {k.shape}, {v.shape}")
     if layout == "zigzag" and q.shape[-2] % 2:
         raise ConfigError(f"rank {comm.global_rank}: a zigzag shard holds two halves; {q.shape[-2]} local "
                           f"positions do not split in two (the sequence must divide by 2 x {comm.size})")
@@ -76,9 +84,24 @@ def _check(comm, q, k, v, layout):
     return q, k, v
 
 
-def _flops(q, n_rows, n_keys, passes):
-    lead = int(np.prod(q.shape[:-2]))
-    return passes * 2 * lead * n_rows * n_keys * q.shape[-1]
+def _kernel(q, n_rows, n_keys, passes):
+    """One block's fused attention kernel: every head's (n_rows x n_keys) scores."""
+    return attention_kernel(int(np.prod(q.shape[:-2])), 1, n_rows, n_keys, q.shape[-1], passes)
+
+
+def _grouped(q, k, v):
+    """Grouped-query attention without copying K/V: q as (..., kv_heads, group, s, d), k and
+    v as (..., kv_heads, 1, s, d), so each K/V head broadcasts over its query heads."""
+    if q.shape == k.shape:
+        return q, k, v, None
+    g = q.shape[-3] // k.shape[-3]
+    lead = q.shape[:-3]
+    return (q.reshape(lead + (k.shape[-3], g) + q.shape[-2:]), k[..., None, :, :], v[..., None, :, :], q.shape)
+
+
+def _over_group(x, like):
+    """Sum a gradient over the query heads that share a K/V head (``like`` has 1 there)."""
+    return x.sum(-3, keepdims=True) if x.ndim == like.ndim and like.shape[-3] == 1 != x.shape[-3] else x
 
 
 def _shift(comm, x, what):
@@ -104,46 +127,53 @@ def ring_attention(comm, q, k, v, causal=False, layout="contiguous", accumulate=
     ``accumulate``: the dtype of the running max, sum and output (default: float32, or the
     inputs' dtype if wider)."""
     q, k, v = _check(comm, q, k, v, layout)
+    cache_qkv = {"q": q, "k": k, "v": v}
+    q, k, v, q_shape = _grouped(q, k, v)
     accumulate = np.promote_types(q.dtype, np.float32) if accumulate is None else accumulate
     c, n, d = comm.size, q.shape[-2], q.shape[-1]
     scale = 1.0 / math.sqrt(d)
-    state = OnlineSoftmax(q.shape[:-1], d, accumulate)
+    state = OnlineSoftmax(q.shape[:-1], d, accumulate, like=q)
     kv = comm.memory.hold("K/V block", np.stack([k, v]), "buffers")
     for t in range(c):
         src = (comm.rank - t) % c
         handles = _shift(comm, kv, "K/V block") if t < c - 1 else None  # the next block travels meanwhile
-        flops = 0
+        kernels = []
         for rows, cols, mask in blocks(comm.rank, src, c, n, causal, layout):
             s = q[..., rows, :] @ kv[0][..., cols, :].swapaxes(-1, -2) * scale
             if mask is not None:
                 s = np.where(mask, s, -np.inf)
             state.update(s, kv[1][..., cols, :], rows)
-            flops += _flops(q, rows.stop - rows.start, cols.stop - cols.start, 2)
-        comm.compute(flops=flops, name=f"attention, K/V of rank {src}")
+            kernels.append(_kernel(q, rows.stop - rows.start, cols.stop - cols.start, 2))
+        comm.compute(kernels=kernels, name=f"attention, K/V of rank {src}")
         if handles:
             kv = _arrived(comm, handles, "K/V block")
     comm.memory.release("K/V block")
     out, lse = state.finish(q.dtype)
-    return out, {"q": q, "k": k, "v": v, "out": out, "lse": lse, "causal": causal, "layout": layout}
+    if q_shape is not None:
+        out, lse = out.reshape(q_shape), lse.reshape(q_shape[:-1])
+    return out, dict(cache_qkv, out=out, lse=lse, causal=causal, layout=layout)
 
 
 def ring_attention_backward(comm, cache, dout):
     """(dq, dk, dv) for this rank's shards: dQ computed here, dK/dV travelling home."""
-    q, out, lse, causal, layout = cache["q"], cache["out"], cache["lse"], cache["causal"], cache["layout"]
-    dout = np.asarray(dout)
+    out, lse, causal, layout = cache["out"], cache["lse"], cache["causal"], cache["layout"]
+    dout = _array(dout)
     if dout.shape != out.shape:
         raise ConfigError(f"rank {comm.global_rank}: ring_attention_backward: dout has shape {dout.shape}, the "
                           f"output {out.shape}")
+    q, k, v, q_shape = _grouped(cache["q"], cache["k"], cache["v"])
+    if q_shape is not None:
+        out, lse, dout = out.reshape(q.shape), lse.reshape(q.shape[:-1]), dout.reshape(q.shape)
     c, n, d = comm.size, q.shape[-2], q.shape[-1]
     scale = 1.0 / math.sqrt(d)
     delta = (dout * out).sum(-1)  # rowsum(dO * O) = rowsum(dP * P)
     dq = np.zeros_like(q)
-    kv = comm.memory.hold("K/V block", np.stack([cache["k"], cache["v"]]), "buffers")
+    kv = comm.memory.hold("K/V block", np.stack([k, v]), "buffers")
     dkv = comm.memory.hold("dK/dV block", np.zeros_like(kv), "buffers")
     for t in range(c):
         src = (comm.rank - t) % c
         handles = _shift(comm, kv, "K/V block") if t < c - 1 else None
-        flops = 0
+        kernels = []
         for rows, cols, mask in blocks(comm.rank, src, c, n, causal, layout):
             kb, vb, do = kv[0][..., cols, :], kv[1][..., cols, :], dout[..., rows, :]
             p = np.exp(q[..., rows, :] @ kb.swapaxes(-1, -2) * scale - lse[..., rows, None])
@@ -151,14 +181,16 @@ def ring_attention_backward(comm, cache, dout):
                 p = np.where(mask, p, 0.0)
             ds = p * (do @ vb.swapaxes(-1, -2) - delta[..., rows, None])
             dq[..., rows, :] += scale * ds @ kb
-            dkv[0][..., cols, :] += scale * ds.swapaxes(-1, -2) @ q[..., rows, :]
-            dkv[1][..., cols, :] += p.swapaxes(-1, -2) @ do
-            flops += _flops(q, rows.stop - rows.start, cols.stop - cols.start, 5)  # S again, then 4 products
-        comm.compute(flops=flops, name=f"attention backward, K/V of rank {src}")
+            dkv[0][..., cols, :] += _over_group(scale * ds.swapaxes(-1, -2) @ q[..., rows, :], kb)
+            dkv[1][..., cols, :] += _over_group(p.swapaxes(-1, -2) @ do, vb)
+            kernels.append(_kernel(q, rows.stop - rows.start, cols.stop - cols.start, 5))  # S again, 4 products
+        comm.compute(kernels=kernels, name=f"attention backward, K/V of rank {src}")
         if c > 1:  # dK/dV of the block go on with it; after the last step they go home
             dkv = _arrived(comm, _shift(comm, dkv, "dK/dV block"), "dK/dV block")
         if handles:
             kv = _arrived(comm, handles, "K/V block")
     comm.memory.release("K/V block")
     comm.memory.release("dK/dV block")
+    if q_shape is not None:
+        return dq.reshape(q_shape), dkv[0][..., 0, :, :], dkv[1][..., 0, :, :]
     return dq, dkv[0], dkv[1]
