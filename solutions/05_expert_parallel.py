@@ -396,6 +396,9 @@ grade.check_ep_capacity(ep_forward_capacity)
 # Dropped rows still travel here, both ways: the owner is the first to know which ones
 # fit. A rank that knows every rank's counts (an all-gather of them instead of an
 # all-to-all) can work out its own rows' places in each line and send only those that fit.
+# The library's layer does that (`emulator.parallel.token_groups`: one all-gather of each
+# rank's per-expert counts, which also gives the load-balancing loss the whole group's
+# statistics, however many tokens each rank holds): its dispatch carries kept rows only.
 #
 # ## 4. Imbalance is time
 #
