@@ -176,6 +176,34 @@ def lesson_path(src):
     return ROOT / "lessons" / (src.stem + (".ipynb" if exercises(src) else ".md"))
 
 
+def freshness(path, src):
+    """Whether the generated ``path`` is what ``src`` builds: ``("fresh", "")``,
+    ``("stale", why)``, or, for a lesson notebook someone has worked in (cells changed,
+    or outputs saved), ``("edited", what)`` when it was built from the current source:
+    its cells are the student's and are not compared."""
+    rel, src_rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path, src.relative_to(ROOT)
+    rebuild = f"{rel} is stale: edit {src_rel}, then run `make notebooks`"
+    if not path.exists():
+        return "stale", f"{rel} is missing: run `make notebooks`"
+    if path.suffix == ".md":
+        return ("fresh", "") if path.read_text() == render_index(src) else ("stale", rebuild)
+    nb = nbformat.read(path, 4)
+    kind = "solutions" if path.parent.name == "solutions" else "lessons"
+    fresh = render(src, kind)
+    course = nb.metadata.get("course", {})
+    current = (course.get("source_sha256") == fresh.metadata["course"]["source_sha256"]
+               and course.get("cells_sha256") == fresh.metadata["course"]["cells_sha256"])
+    ran = any(c.get("outputs") or c.get("execution_count") for c in nb.cells if c.cell_type == "code")
+    if kind == "lessons" and (edits(nb) or ran):
+        if current:
+            return "edited", f"{rel} holds work done in it (answers or outputs); built from the current {src_rel}"
+        return "stale", (f"{rel} was built from an older {src_rel} and holds work done in it, which `make "
+                         f"notebooks` keeps rather than erase: to get the new lesson, rename your copy (e.g. "
+                         f"{Path(rel).stem}.mine.ipynb), then run `make notebooks`")
+    same = [(c.cell_type, c.source) for c in nb.cells] == [(c.cell_type, c.source) for c in fresh.cells]
+    return ("fresh", "") if current and same else ("stale", rebuild)
+
+
 def execute(nb, cwd):
     NotebookClient(nb, timeout=300, kernel_name="python3", record_timing=False,
                    resources={"metadata": {"path": str(cwd)}}).execute()
@@ -193,15 +221,23 @@ def build(src, force=False):
     sol_path = SOURCES / (src.stem + ".ipynb")
     nbformat.write(sol, sol_path)
     out.append(sol_path)
-    if path.exists() and not force and edits(nbformat.read(path, 4)):
+    if not write_lesson(src, path, force):
         return out, path
+    out.append(path)
+    return out, None
+
+
+def write_lesson(src, path, force=False):
+    """Write the student notebook of ``src`` to ``path``, unless ``path`` holds a notebook
+    whose cells were changed since it was built (and ``force`` is false): False then."""
+    if path.exists() and not force and edits(nbformat.read(path, 4)):
+        return False
     stub = render(src, "lessons")
     for cell in stub.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     nbformat.write(stub, path)
-    out.append(path)
-    return out, None
+    return True
 
 
 def kept_message(path):

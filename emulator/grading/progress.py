@@ -187,7 +187,7 @@ def summary(*names):
         if label is None:
             raise ValueError(f"summary(): {name!r} does not begin with an exercise label such as 'Exercise 3.1'")
         status, detail = _outcomes.get(label, (NOT_CHECKED, "run its check cell"))
-        rows.append((name, status, _detail(label, detail) if status == FAILED else ""))
+        rows.append((name, status, _detail(label, detail) if status in (FAILED, NOT_CHECKED) else ""))
     done = sum(status == PASSED for _, status, _ in rows)
     print(f"{done} of {len(rows)} exercises passed")
     for name, status, detail in rows:
