@@ -28,7 +28,7 @@ test: $(STAMP) $(LAB_SETTINGS) browser-deps
 
 # Run saved lesson notebooks in a fresh kernel: one line per exercise (LESSON=03: that one).
 grade: $(STAMP)
-	$(PY) -m tools.grade $(sort $(wildcard lessons/$(LESSON)*.ipynb))
+	@$(PY) -m tools.grade $(sort $(wildcard lessons/$(LESSON)*.ipynb))
 
 # Rebuild lessons/ and solutions/ from their sources in solutions/*.py. A lesson whose
 # cells were edited (a student's answers) is kept; FORCE=1 replaces it anyway.

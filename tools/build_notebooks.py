@@ -266,7 +266,7 @@ def main(argv=None):
         if keep:
             kept.append(keep)
             print(f"  {kept_message(keep)}", flush=True)
-        print(f"  took {time.perf_counter() - t0:.1f} s (executing the solutions included)", flush=True)
+        print(f"  took {time.perf_counter() - t0:.1f} s", flush=True)
     if kept:
         sys.exit(f"{len(kept)} lesson notebook(s) kept, not rebuilt: " + ", ".join(str(p.relative_to(ROOT))
                                                                                 for p in kept))
