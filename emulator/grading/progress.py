@@ -31,7 +31,6 @@ from .common import CheckFailed
 
 LABEL = re.compile(r"(?:Exercise|Napkin|Problem) \d+\.\d+")
 PASSED, FAILED, NOT_ATTEMPTED, NOT_CHECKED = "passed", "failed", "not attempted", "not checked"
-PREFIX = {PASSED: "PASSED", NOT_ATTEMPTED: "NOT ATTEMPTED"}  # what a check's line begins with
 
 _outcomes = {}  # label -> (status, detail): the latest outcome of each exercise's check
 _state = {"in_lesson": False, "depth": 0}
@@ -103,7 +102,7 @@ def _not_attempted(label, exc):
     record(label, NOT_ATTEMPTED, _first_line(line))
     if not _state["in_lesson"]:
         return False
-    print(f"{PREFIX[NOT_ATTEMPTED]} {line}")
+    print(f"NOT ATTEMPTED {line}")
     return True
 
 
@@ -114,7 +113,6 @@ def _failed(label, exc):
         failure = exc if label_in(message) == label else type(exc)(f"{label}: {message}")
     else:
         failure = CheckFailed(f"{label}: the check stopped on {type(exc).__name__}: {exc}")
-        failure.__cause__ = exc
     record(label, FAILED, _first_line(failure))
     return failure
 
