@@ -6,6 +6,10 @@ STAMP := $(VENV)/.installed
 LAB_ARGS ?=
 LAB_SETTINGS := $(VENV)/etc/jupyter/labconfig/default_setting_overrides.json
 LESSON ?=
+# The emulator multiplies many small matrices: one BLAS thread each is faster than a pool
+# that spins (and the notebooks' outputs do not depend on it: tests/test_notebooks.py).
+export OPENBLAS_NUM_THREADS ?= 1
+export OMP_NUM_THREADS ?= 1
 
 .PHONY: lab test grade notebooks check-notebooks bench browser-deps clean
 

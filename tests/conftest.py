@@ -1,6 +1,11 @@
+import os
 import time
 
 import pytest
+
+# One BLAS thread for the tests and the notebook kernels they start (see the Makefile).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture

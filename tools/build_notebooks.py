@@ -23,6 +23,7 @@ course map ``lessons/index.md`` (a page, so opening it starts no kernel).
 
 import argparse
 import hashlib
+import os
 import json
 import re
 import sys
@@ -35,6 +36,8 @@ from ipykernel.ipkernel import IPythonKernel
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # for the kernels it starts (see the Makefile)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 SOURCES = ROOT / "solutions"
 BEGIN = re.compile(r"^(?P<indent>\s*)### BEGIN SOLUTION(?::\s*(?P<name>.*))?\s*$")
 END = re.compile(r"^\s*### END SOLUTION\s*$")
