@@ -126,6 +126,20 @@ def test_every_schedule_is_valid_and_its_measured_bubble_is_the_formula(name):
                     assert led.peak_by_kind["activations"] == n * one
 
 
+def test_zb_h1_formula_is_the_simulated_bubble_when_w_is_no_longer_than_f_or_b():
+    costs_ok = [(1, 1, 1), (1, 2, 1), (2, 1, 1), (1, 1.5, 0.5), (3, 2, 2), (1, 2, 0)]
+    for p in range(1, 7):
+        for m in range(1, 2 * p + 2):
+            s = pp.schedule("zb_h1", p, m)
+            for costs in costs_ok:
+                assert pp.bubble_of(pp.simulate(s, costs)) == pytest.approx(
+                    pipeline_bubble(p, m, schedule="zb_h1", costs=costs), abs=1e-9), (p, m, costs)
+    # a W longer than a forward: the schedule idles more than the formula says, so it is refused
+    assert pp.bubble_of(pp.simulate(pp.schedule("zb_h1", 3, 3), (1, 2, 2))) > 0.2 > 2 / 17
+    with pytest.raises(ValueError, match="t_w <= t_f"):
+        pipeline_bubble(3, 3, schedule="zb_h1", costs=(1, 2, 2))
+
+
 def test_interleaved_order_is_torchs_for_every_m_it_accepts():
     """Our interleaved 1F1B is torch's ScheduleInterleaved1F1B order, rank by rank (its
     warm-up and 1F1B helpers, the padding dropped), m not a multiple of p included."""

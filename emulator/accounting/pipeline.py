@@ -52,7 +52,8 @@ def pipeline_bubble(p, m, v=1, of="total", schedule=None, costs=(1, 1, 1)):
     forward, input-gradient and weight-gradient passes, ``costs=(t_f, t_b, t_w)``: each
     stage idles (p-1)(t_f + t_b - t_w) against m (t_f + t_b + t_w) of work when m >= p;
     with fewer micro-batches the step is the forward and ``B`` chain, (m+p-1)(t_f+t_b),
-    plus the first stage's last ``W``. Holds for t_w <= t_b."""
+    plus the first stage's last ``W``. Holds for t_w <= t_f and t_w <= t_b (measured on
+    every schedule with p <= 7; a longer W delays the forwards queued behind it)."""
     _positive_int("p", p)
     _positive_int("m", m)
     _positive_int("v", v)
@@ -65,10 +66,11 @@ def pipeline_bubble(p, m, v=1, of="total", schedule=None, costs=(1, 1, 1)):
         if v != 1:
             raise ConfigError("pipeline_bubble: zb_h1 has one chunk per rank (v=1)")
         t_f, t_b, t_w = costs
-        if not (t_f > 0 and t_b > 0 and 0 <= t_w <= t_b):
+        if not (t_f > 0 and t_b > 0 and 0 <= t_w <= min(t_f, t_b)):
             raise ConfigError(f"pipeline_bubble: the zb_h1 formula needs costs=(t_f, t_b, t_w) with t_f, t_b > 0 "
-                              f"and 0 <= t_w <= t_b (a transformer's W is B's matmuls without attention's), "
-                              f"got {costs!r}")
+                              f"and 0 <= t_w <= t_f, t_b (a transformer's W is B's matmuls without attention's, "
+                              f"and about a forward's); a W longer than a forward delays the forwards queued "
+                              f"behind it and the schedule idles more. Got {costs!r}")
         work = m * (t_f + t_b + t_w)
         # the W passes fill the ramp-down, unless there are too few micro-batches to fill it:
         # then the forward and input-gradient chain, plus the first stage's last W, is the step
