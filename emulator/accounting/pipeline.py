@@ -93,10 +93,9 @@ def interleaved_rounds(p, m):
     if m % rounds:
         near = sorted({k for k in range(max(1, m - p), m + p + 1) if k % max(1, k // p) == 0},
                       key=lambda k: (abs(k - m), k))[:2]
-        raise ConfigError(f"interleaved_1f1b runs the micro-batches in max(1, m // p) rounds of equal "
-                          f"size, as torch's ScheduleInterleaved1F1B does; m={m} with p={p} makes {rounds} rounds, "
-                          f"which do not divide {m}. Unequal rounds change the warm-up from one round to the next "
-                          f"and neighbours' messages can then be matched in the wrong order; try m = "
+        raise ConfigError(f"interleaved_1f1b runs the micro-batches in max(1, m // p) rounds of equal size, the "
+                          f"order torch's ScheduleInterleaved1F1B builds (its warm-up is sized for one round); "
+                          f"m={m} with p={p} makes {rounds} rounds, which do not divide {m}: try m = "
                           f"{' or '.join(map(str, sorted(near)))}")
     return rounds, m // rounds
 

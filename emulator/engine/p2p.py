@@ -52,9 +52,8 @@ from .rendezvous import Handle
 
 DEADLOCK_HINT = (
     "hint: on NCCL, as here, a send completes only once the receiver posts the matching recv, so ranks "
-    "that each send before they receive (a ring, or two pipeline stages sending to each other) wait forever; "
-    "separately issued isend/irecv between two ranks also run one after the other, in the order issued (one "
-    "NCCL stream per pair of ranks in torch). Post both at once with\n"
+    "that each send before they receive (a ring, or two pipeline stages sending to each other) wait forever. "
+    "Post both at once with\n"
     "  comm.batch_isend_irecv([P2POp(comm.isend, x, right), P2POp(comm.irecv, buffer, left)])\n"
     "and wait on the handles, or alternate the order (even ranks send first, odd ranks receive first).")
 

@@ -233,7 +233,8 @@ def check_zb_h1(fn):
     want = formulas.pipeline_bubble(p, m, schedule="zb_h1", costs=COSTS)
     expect(abs(run.bubble - want) < 1e-9, f"{what}, p={p}, m={m}: executed on the emulator the bubble is "
            f"{run.bubble:.2%}; ZB-H1's is {want:.2%}")
-    for r, (_, left) in enumerate(_activation_counts(world)):
+    for r, led in enumerate(world.memory):
+        left = led.current["activations"]
         expect(left == 0, f"{what}: rank {r} still holds {left} bytes of activations after the step: every "
                           f"micro-batch needs its W")
     passed(what, f"valid for {len(shapes)} shapes (m < p included), W split from B; the bubble is ZB-H1's for "
