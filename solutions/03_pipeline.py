@@ -376,10 +376,11 @@ except DeadlockError as err:
 # pipeline ranks send first, odd ranks receive first, so the two ends of every pair match.
 # One more difference from the emulator: on NCCL, `batch_isend_irecv` returns a single
 # handle for the whole batch, so waiting for the receive also waits for the batch's
-# sends. Your loop, paired that way, still runs GPipe, 1F1B and ZB-H1, but under
-# interleaved 1F1B two neighbours can then each wait for the other's sends ($p = 2$,
-# $m = 4$, $v = 2$ does), which is why Megatron's interleaved steady state puts a step's
-# forward and backward messages in one batch (`send_forward_backward_recv_forward_backward`).
+# sends. Run here with each batch waited for whole, your loop still runs GPipe, 1F1B and
+# ZB-H1; under interleaved 1F1B two neighbours then each wait for the other's sends (at
+# $p = 2$, $m = 4$, $v = 2$, for instance). That is why Megatron's interleaved steady
+# state puts a step's forward and backward messages in one batch
+# (`send_forward_backward_recv_forward_backward`).
 #
 # A schedule can be wrong before any message is sent. `pp.validate` checks that each
 # action appears once, in an order that can run, with messages between two ranks matched
@@ -434,7 +435,7 @@ for v in (1, 2, 4):
 # "dependency bubbles"). torch's `ScheduleInterleaved1F1B` makes $\max(1, \lfloor m/p
 # \rfloor)$ rounds of equal size instead, so $m = 6$ on 4 ranks is one round of 6, and
 # $m < p$ one round of $m$; it refuses an $m$ that the rounds do not divide. The
-# library builds exactly torch's order (a test compares the two for every shape) and
+# library builds exactly torch's order (a test compares the two, shape by shape) and
 # accepts the same $m$. With $m < p$ a round is too short to keep rank 0 busy: a
 # micro-batch that comes back for its next chunk finds rank 0 idle since its $m$-th
 # forward, and each of the $v - 1$ returns costs $p - m$ more chunk-times. The idle
