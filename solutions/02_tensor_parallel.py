@@ -9,11 +9,15 @@
 # and splits what tensor parallelism leaves whole (sequence parallelism).
 #
 # You will write the Megatron MLP (Exercise 2.1) and attention split by heads (2.2), the
-# sequence-parallel regions (2.3), the all-reduce that sequence parallelism needs and that
-# is easy to forget (2.4), and a cross-entropy that never gathers the logits (2.5); and
-# answer Problems 8.3 and 8.4 and a napkin on crossing a node boundary.
+# MLP half of a sequence-parallel block, forward (2.3: where the all-gather and the
+# reduce-scatter go) and backward (2.4: their mirror images, and the all-reduce that
+# sequence parallelism needs and that is easy to forget), and a cross-entropy that never
+# gathers the logits (2.5); and answer Problems 8.3 and 8.4 and a napkin on crossing a
+# node boundary.
 
 # %%
+from collections import Counter
+
 import numpy as np
 import matplotlib.pyplot as plt
 from ml_dtypes import bfloat16
@@ -23,6 +27,7 @@ from emulator.accounting import (activation_bytes_per_layer, activation_terms, t
                                  pp_bytes_per_boundary, zero_bytes_per_gpu)
 from emulator.cost import collective_time
 from emulator.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, copy_to_tp_region
+from emulator.parallel.sequence_parallel import all_gather_dim, reduce_scatter_dim
 from emulator.parallel.tp_block import TensorParallelBlock, cached_terms
 from emulator.grading import lesson02 as grade
 from emulator.notebook import setup
@@ -195,12 +200,14 @@ block_params = nn.TransformerBlock(d, heads, ff, dtype=np.float64).init(np.rando
 xb = np.random.default_rng(3).standard_normal((b, s, d))
 
 
-def block_step(comm, sequence_parallel=False, recompute="none"):
+def block_step(comm, sequence_parallel=False, recompute="none", backward=True):
     tb = TensorParallelBlock(comm, d, heads, ff, sequence_parallel=sequence_parallel, act_dtype=np.float64,
                              recompute=recompute)
     p = tb.shard(block_params)
     sl = slice(comm.rank * s // comm.size, (comm.rank + 1) * s // comm.size) if sequence_parallel else slice(None)
     y, cache = tb.forward(p, xb[:, sl])
+    if not backward:
+        return y
     comm.compute(flops=1e9, name="rest")  # between forward and backward
     return tb.backward(p, cache, np.ones_like(y))
 
@@ -216,10 +223,10 @@ print(f"bytes sent per rank: {world.stats().bytes_sent[0]:,d}; "
 # ## 4. Traffic: TP against PP
 #
 # Each of the four all-reduces moves $2\frac{t-1}{t}$ times the $b \cdot s \cdot h$
-# activations, so tensor parallelism sends $8\,bsh\,\frac{t-1}{t}$ bytes per GPU per layer
-# (bf16: 2 bytes per element), in collectives that *block* the next matrix multiplication.
-# A pipeline (lesson 03) sends $bsh$ bytes per micro-batch from one stage to the next,
-# point to point. `emulator.accounting.tp_bytes_per_layer` and `pp_bytes_per_boundary`
+# activations, so tensor parallelism sends $8\,bsh\,\frac{t-1}{t}$ *elements* per GPU per
+# layer, in collectives that *block* the next matrix multiplication; in bytes, times the
+# bytes of one element (2 in bf16, 8 for the float64 above). A pipeline (lesson 03) sends
+# $bsh$ elements per micro-batch from one stage to the next, point to point. `emulator.accounting.tp_bytes_per_layer` and `pp_bytes_per_boundary`
 # hold the formulas; the measurement above agrees with the first.
 #
 # **Problem 8.3** — for `b` sequences of `s` tokens of width `h` in activations of
@@ -267,16 +274,24 @@ def tp_layer_in_time(comm):
 layouts = {"one node": Topology(gpus_per_node=8), "two nodes, a NIC per GPU": Topology(gpus_per_node=4),
            "two nodes, one NIC each": Topology(gpus_per_node=4, nics_per_node=1)}
 fig, axes = plt.subplots(3, 1, figsize=(9, 5.4))
-times = {}
+times, all_reduce, computing = {}, {}, {}
 for ax, (name, topo) in zip(axes, layouts.items()):
     world = World(8, topology=topo)
     world.run(tp_layer_in_time)
     times[name] = max(world.stats().time)
+    tl = world.timeline()
+    all_reduce[name] = tl.total("comm", 0, stream="comm world") / 2  # two all-reduces per layer
+    computing[name] = tl.total("compute", 0)
     viz.gantt(world.timeline().of_ranks(range(2)), ax=ax, unit="ms", label_events=False,
               title=f"TP 8, {name}: a layer's forward takes {times[name] * 1e3:.2f} ms (ranks 0-1 shown)")
 plt.show()
+nvlink, nic = Topology().nvlink, Topology().nic
+print(f"the links: NVLink {nvlink.beta / 1e9:.0f} GB/s, one NIC {nic.beta / 1e9:.0f} GB/s per direction: "
+      f"{nvlink.beta / nic.beta:.1f}x")
 for name, t_layer in times.items():
-    print(f"{name:26s}: {t_layer * 1e3:6.2f} ms, {t_layer / times['one node']:4.1f}x one node")
+    print(f"{name:26s}: {t_layer * 1e3:6.2f} ms, {t_layer / times['one node']:4.1f}x one node; each all-reduce "
+          f"{all_reduce[name] * 1e3:.2f} ms ({all_reduce[name] / all_reduce['one node']:.1f}x), compute "
+          f"{computing[name] * 1e3:.2f} ms")
 
 # %% [markdown]
 # Inside a node the all-reduces ride NVLink. Across nodes every ring step of every
@@ -284,10 +299,13 @@ for name, t_layer in times.items():
 # multiplication needs the result. With a NIC per GPU and NCCL's channels, the crossing is
 # spread over all of them and the layer is about 1.4x slower (more for the smaller,
 # latency-bound messages of smaller layers, and those NICs are also wanted by the data-
-# and pipeline-parallel traffic). With one NIC per node the same layer is many times
-# slower: the per-GPU gap between NVLink and one NIC (7.7x per direction) is paid in full.
-# So tensor parallelism stays within a node: $t \le 8$ on H100/H200 machines. (TPU pods,
-# whose chips all sit on one uniform fast torus, run wider TP.)
+# and pipeline-parallel traffic). With one NIC per node, 7.7x is the gap between the
+# links (NVLink's 370 GB/s against one NIC's 48 GB/s per direction). Each all-reduce pays
+# nearly all of it, 7.3x, because a ring runs at the pace of its slowest hop; the layer
+# pays 3.8x, because its compute takes as long as before. The larger the share of
+# communication in a layer, the closer it comes to the links' 7.7x. So tensor
+# parallelism stays within a node: $t \le 8$ on H100/H200 machines. (TPU pods, whose
+# chips all sit on one uniform fast torus, run wider TP.)
 #
 # **Napkin 2.1** — how long does one all-reduce of the bf16 activations (`b` x `s` x `h`)
 # take over `t` tensor-parallel ranks, `gpus_per_node` per node (NVLink inside, one NIC
@@ -440,31 +458,38 @@ ActivationExplorer(s=128, b=1, h=64, a=4, t=2, layers=12)
 # the sequence over the same $t$ ranks. Then the all-reduce after a row-parallel layer
 # becomes a **reduce-scatter** along the sequence (each rank keeps its positions of the
 # summed output), and before a column-parallel layer an **all-gather** along the
-# sequence brings the full input back. An all-reduce *is* a reduce-scatter plus an
-# all-gather, so the bytes are the same. Megatron's names: `reduce_scatter_to_sp_region`
-# and `gather_from_sp_region`; in backward each becomes the other.
+# sequence brings the whole input back. An all-reduce *is* a reduce-scatter plus an
+# all-gather, so in forward the bytes are the same. Megatron-LM's operators
+# (`megatron/core/tensor_parallel/mappings.py`) are
+# `gather_from_sequence_parallel_region` (all-gather in forward, reduce-scatter in
+# backward) and `reduce_scatter_to_sequence_parallel_region` (reduce-scatter in forward,
+# all-gather in backward); `emulator.parallel.sequence_parallel` has both, under the same
+# names.
 #
-# **Exercise 2.3** — the two sequence collectives. `all_gather_seq(comm, x)` takes this
-# rank's (b, s/t, h) slice and returns the full (b, s, h), slices in rank order along
-# dim 1; `reduce_scatter_seq(comm, x)` takes a (b, s, h) partial sum and returns this
-# rank's (b, s/t, h) slice of the total. The emulator's collectives work along dim 0
-# (`np.moveaxis` helps). The check plugs them into the block.
+# **Exercise 2.3** — the MLP half of a sequence-parallel block, $y = x +
+# \mathrm{MLP}(\mathrm{LN}(x))$, forward. `x` is this rank's (b, s/t, h) slice of the
+# sequence; `p` holds the norm's `ln.g` and `ln.b` (h) and fc2's bias `fc2.b` (h), whole,
+# and this rank's columns of fc1 (`fc1.w` (h, d_ff/t), `fc1.b` (d_ff/t)) and rows of fc2
+# (`fc2.w` (d_ff/t, h)). Return `(y, cache)`, `y` this rank's (b, s/t, h) slice. Where do
+# the all-gather and the reduce-scatter go? `all_gather_dim(comm, x)` and
+# `reduce_scatter_dim(comm, x)` run them along the sequence (dim 1); `nn.layer_norm(x, g,
+# b)` is the norm. The check compares with one device on 1 to 4 ranks and reads your
+# collectives. (The attention half follows the same pattern around q, k, v and o.)
 
 # %%
-def all_gather_seq(comm, x):
-    ### BEGIN SOLUTION: Exercise 2.3: all-gather along the sequence
-    return np.moveaxis(comm.all_gather(np.ascontiguousarray(np.moveaxis(x, 1, 0))), 0, 1)
-    ### END SOLUTION
-
-
-def reduce_scatter_seq(comm, x):
-    ### BEGIN SOLUTION: Exercise 2.3: reduce-scatter along the sequence
-    return np.moveaxis(comm.reduce_scatter(np.ascontiguousarray(np.moveaxis(x, 1, 0))), 0, 1)
+def sp_mlp_forward(comm, p, x):
+    ### BEGIN SOLUTION: Exercise 2.3: the sequence-parallel MLP half, forward
+    a = nn.layer_norm(x, p["ln.g"], p["ln.b"])  # (b, s/t, h): the norm on my positions only
+    a_all = all_gather_dim(comm, a)  # (b, s, h): fc1 needs every position
+    u = a_all @ p["fc1.w"] + p["fc1.b"]  # (b, s, d_ff/t): my columns
+    g = nn.gelu(u)
+    z = reduce_scatter_dim(comm, g @ p["fc2.w"]) + p["fc2.b"]  # (b, s/t, h): the sum for my positions, bias once
+    return x + z, {"x": x, "a": a, "u": u, "g": g}
     ### END SOLUTION
 
 
 # %% tags=["check"]
-grade.check_sequence_regions(all_gather_seq, reduce_scatter_seq)
+grade.check_sp_forward(sp_mlp_forward)
 
 # %% [markdown]
 # One thing breaks quietly. Under sequence parallelism each rank runs the norms on its
@@ -472,9 +497,9 @@ grade.check_sequence_regions(all_gather_seq, reduce_scatter_seq)
 # positions: a partial sum. The same holds for the row-parallel biases, now added on the
 # sequence slice. Without an all-reduce of those gradients the ranks update their
 # "replicated" copies differently, and the replicas drift apart. Watch it happen: here
-# the block is trained for a few SGD steps with that all-reduce left out, and the first
-# norm's weights compared across the four ranks. *Predict first*: is the gap between the
-# ranks' copies a rounding error, or as large as the update itself?
+# the library's whole block is trained for a few SGD steps with that all-reduce left out,
+# and the first norm's weights compared across the four ranks. *Predict first*: is the
+# gap between the ranks' copies a rounding error, or as large as the update itself?
 
 # %%
 class ForgetfulBlock(TensorParallelBlock):
@@ -499,27 +524,78 @@ for cls in (ForgetfulBlock, TensorParallelBlock):
           f"largest difference between the ranks' copies: {max(np.abs(gi - g[0]).max() for gi in g):.1e}")
 
 # %% [markdown]
-# **Exercise 2.4** — the missing collective. `grads` is this rank's gradient dict under
-# sequence parallelism (keys like `ln1.g`, `attn.q.w`, `mlp.fc2.b`). Return it with the
-# partial ones summed over the group; leave the others as they are.
+# **Exercise 2.4** — the backward of your sublayer. `dy` is this rank's (b, s/t, h) slice
+# of the output gradient. Return `(dx, grads)`: `dx` this rank's slice of the input
+# gradient, `grads` keyed like `p`, each equal to one device's gradient (this rank's
+# slice of it, for fc1 and fc2's weight). Every collective of the forward has its mirror
+# image here; fc1's weight gradient needs the norm's output for the whole sequence again
+# (keep the gathered copy in the cache, or gather it again); and the partial gradients
+# need the all-reduce you just saw missing. `nn.layer_norm_backward(x, g, dy)` returns
+# `(dx, dg, db)`; `nn.gelu_backward(u, dy)` as in Exercise 2.1.
 
 # %%
-def sync_sequence_parallel_grads(comm, grads):
-    ### BEGIN SOLUTION: Exercise 2.4: all-reduce the partial gradients of sequence parallelism
-    partial = ["ln1.g", "ln1.b", "ln2.g", "ln2.b", "attn.o.b", "mlp.fc2.b"]
+def sp_mlp_backward(comm, p, cache, dy):
+    ### BEGIN SOLUTION: Exercise 2.4: the sequence-parallel MLP half, backward
+    x, a, u, g = cache["x"], cache["a"], cache["u"], cache["g"]
+    h = x.shape[-1]
+    grads = {"fc2.b": dy.sum((0, 1))}  # my positions only: a partial sum
+    dz = all_gather_dim(comm, dy)  # (b, s, h): the reduce-scatter's mirror image
+    grads["fc2.w"] = g.reshape(-1, g.shape[-1]).T @ dz.reshape(-1, h)
+    du = nn.gelu_backward(u, dz @ p["fc2.w"].T)  # (b, s, d_ff/t)
+    a_all = all_gather_dim(comm, a)  # the norm's output again, for fc1's weight gradient
+    grads["fc1.w"] = a_all.reshape(-1, h).T @ du.reshape(-1, du.shape[-1])
+    grads["fc1.b"] = du.sum((0, 1))
+    da = reduce_scatter_dim(comm, du @ p["fc1.w"].T)  # (b, s/t, h): the all-gather's mirror image
+    dx, grads["ln.g"], grads["ln.b"] = nn.layer_norm_backward(x, p["ln.g"], da)
+    partial = ("ln.g", "ln.b", "fc2.b")  # they saw only my positions
     summed = comm.all_reduce(np.concatenate([grads[k] for k in partial]))
-    out, i = dict(grads), 0
-    for k in partial:
-        out[k] = summed[i:i + grads[k].size]
-        i += grads[k].size
-    return out
+    for i, k in enumerate(partial):
+        grads[k] = summed[i * h:(i + 1) * h]
+    return dy + dx, grads
     ### END SOLUTION
 
 
 # %% tags=["check"]
-grade.check_sequence_parallel_grads(sync_sequence_parallel_grads)
+grade.check_sp_backward(sp_mlp_forward, sp_mlp_backward)
 
 # %% [markdown]
+# Does a step with sequence parallelism move what a step with tensor parallelism alone
+# moves? Predict, then measure the library's whole block (both halves, the all-reduce of
+# the partial gradients included) on 4 ranks, forward and backward apart:
+
+# %%
+print(f"{'bytes sent per rank':20s} {'forward':>9s} {'backward':>9s} {'step':>9s}")
+for sp in (False, True):
+    fwd, step = World(4), World(4)
+    fwd.run(block_step, sp, backward=False)
+    step.run(block_step, sp)
+    f, total = fwd.stats().bytes_sent[0], step.stats().bytes_sent[0]
+    print(f"{'TP + SP' if sp else 'TP':20s} {f:>9,d} {total - f:>9,d} {total:>9,d}")
+back = {op: (n - fwd.stats().bytes_by_op.get(op, 0)) // 4 for op, n in step.stats().bytes_by_op.items()}
+calls = Counter(c.op for c in step.calls[0][len(fwd.calls[0]):])
+print("the backward with SP, per rank: " + ", ".join(f"{op} {n:,d} B in {calls[op]} call(s)" for op, n in back.items()))
+
+# %% [markdown]
+# In forward both send the same 98,304 bytes. The backward with sequence parallelism
+# sends more. The mirror images of the forward's collectives (two all-gathers, two
+# reduce-scatters) carry what TP's two backward all-reduces carry, 98,304 bytes. On top
+# come two more all-gathers, 49,152 bytes: the weight gradients of q, k, v and fc1 need
+# their inputs (the norms' outputs) for the whole sequence, and the block, as Megatron
+# does (`LinearWithGradAccumulationAndAsyncCommunication.backward` in
+# `megatron/core/tensor_parallel/layers.py`), keeps only its slice for backward and
+# gathers it again, overlapping the gather with the input-gradient matmul. And the
+# all-reduce of the partial gradients, 4,608 bytes (Megatron does it in
+# `_allreduce_non_tensor_model_parallel_grads`,
+# `megatron/core/distributed/finalize_model_grads.py`). A whole step sends 250,368 bytes
+# per rank against tensor parallelism's 196,608, 27% more.
+#
+# That extra is a choice between bytes and memory. Keeping the two gathered inputs in the
+# cache instead saves both all-gathers, and costs, on each rank, the whole (b, s, h)
+# instead of its (b, s/t, h) slice: $(t-1)/t \cdot bsh$ more elements for each of the
+# two, exactly the elements its all-gather would have sent (here 24,576 bytes each).
+# Megatron re-gathers: activations are what limits a long sequence, and the gather hides
+# under the input-gradient matmul. Your Exercise 2.4 could do either.
+#
 # ## 8. The vocabulary, split
 #
 # The last layer of a language model multiplies by an $h \times V$ matrix, $V$ the

@@ -11,9 +11,10 @@
 # executor runs any schedule on the emulated machine, so the bubble and the memory of
 # GPipe, 1F1B, interleaved 1F1B and zero-bubble pipelines are measured from the timeline
 # and the ledger, and set beside their formulas. You will write the 1F1B schedule
-# (Exercise 3.1), the loop that runs a schedule on one rank (3.2) and the gradient
-# average that combines a pipeline with data parallelism (3.3), and answer Problem 8.2 and
-# a napkin on memory against bubble.
+# (Exercise 3.1), the loop that runs a schedule on one rank (3.2), the zero-bubble
+# schedule ZB-H1 built from your 1F1B (3.3) and the gradient average that combines a
+# pipeline with data parallelism (3.4), and answer Problem 8.2 and a napkin on memory
+# against bubble.
 
 # %%
 import inspect
@@ -21,7 +22,7 @@ import inspect
 import numpy as np
 import matplotlib.pyplot as plt
 
-from emulator import DeadlockError, P2POp, Topology, World, nn, viz
+from emulator import ConfigError, DeadlockError, P2POp, Topology, World, nn, viz
 from emulator.accounting import pipeline_bubble, pp_bytes_per_boundary, tp_bytes_per_layer
 from emulator.parallel import pipeline as pp
 from emulator.parallel.pipeline import Action
@@ -202,8 +203,10 @@ plt.show()
 # **Exercise 3.1** — the 1F1B schedule as data. Return a list with one list of actions
 # per rank: `Action("F", i)` and `Action("B", i)` for micro-batches `i = 0 .. m-1`.
 # Rank `r` of `p` does its warm-up forwards, then one forward and one backward at a
-# time, then its last backwards; make it work when `m < p` too. The check validates it
-# for several shapes, runs it, and compares the measured bubble and memory with 1F1B's.
+# time, then its last backwards; make it work when `m < p` too (section 5 runs $p = 4$,
+# $m = 2$: rank 0 then has fewer micro-batches than warm-up slots). The check validates
+# it for several shapes, runs it, and compares the measured bubble and memory with
+# 1F1B's.
 
 # %%
 def one_f_one_b(p, m):
@@ -272,7 +275,9 @@ grade.napkin_memory_vs_bubble(napkin_memory_vs_bubble)
 # receive. Post each receive together with the sends of the action before it, in one
 # `comm.batch_isend_irecv([...])` of `P2POp(comm.isend, tensor, peer)` and
 # `P2POp(comm.irecv, buffer, peer)`, wait only for the receive, and wait for the sends at
-# the end of the step (Megatron pairs them the same way).
+# the end of the step (Megatron also posts a step's sends and receives in one batch).
+# Separate `comm.isend` and `comm.irecv` calls are not the same thing: section 5 shows
+# why.
 #
 # **Exercise 3.2** — write the loop for one rank: `loop(comm, stage, actions, micro_x,
 # micro_y)` returns `stage.losses`. `comm` is the pipeline group; every neighbour is
@@ -335,6 +340,45 @@ except DeadlockError as err:
 # nobody ever will. Posting sends and receives together (`batch_isend_irecv`), as your
 # loop does, breaks the cycle.
 #
+# Would non-blocking calls issued one by one do, an `isend` and then an `irecv`? Not on
+# NCCL. torch gives a lone send or receive between two ranks their own two-rank
+# communicator, with one CUDA stream for both directions (`ProcessGroupNCCL::pointToPoint`
+# in `torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp` keys it by the pair), and an
+# operation on a stream starts only when the one before it has finished. NCCL's
+# documentation says a lone `ncclSend` "is blocking for the GPU", and that sends and
+# receives which must progress at the same time have to be fused between
+# `ncclGroupStart()` and `ncclGroupEnd()`, which is what `batch_isend_irecv` does. So two
+# neighbours that each `isend` to the other and then `irecv` from it hang, each send
+# queued in front of the receive the other one waits for. The emulator runs separately
+# issued operations between two ranks in issue order too:
+
+# %%
+def swap_separately(comm):
+    """Send to the neighbour, then receive from it: two operations, not one batch."""
+    peer = 1 - comm.rank
+    sent = comm.isend(np.full(4, comm.rank, np.float32), peer)
+    got = comm.irecv(np.empty(4, np.float32), peer).wait()
+    sent.wait()
+    return got
+
+
+try:
+    World(2).run(swap_separately)
+except DeadlockError as err:
+    print(err)
+
+# %% [markdown]
+# Megatron-LM's path without batching (`_p2p_ops` in
+# `megatron/core/pipeline_parallel/p2p_communication.py`) orders the calls instead: even
+# pipeline ranks send first, odd ranks receive first, so the two ends of every pair match.
+# One more difference from the emulator: on NCCL, `batch_isend_irecv` returns a single
+# handle for the whole batch, so waiting for the receive also waits for the batch's
+# sends. Run here with each batch waited for whole, your loop still runs GPipe, 1F1B and
+# ZB-H1; under interleaved 1F1B two neighbours then each wait for the other's sends (at
+# $p = 2$, $m = 4$, $v = 2$, for instance). That is why Megatron's interleaved steady
+# state puts a step's forward and backward messages in one batch
+# (`send_forward_backward_recv_forward_backward`).
+#
 # A schedule can be wrong before any message is sent. `pp.validate` checks that each
 # action appears once, in an order that can run, with messages between two ranks matched
 # in the order they are sent (NCCL has no tags: the k-th send meets the k-th receive):
@@ -362,8 +406,7 @@ print(f"1F1B, p=4, m=2: measured bubble {few.bubble:.1%}, formula {pipeline_bubb
 # $r + 4$. A micro-batch now goes around the ranks $v$ times. Each chunk's forward and
 # backward take $1/v$ of a stage's, while the ramp still crosses $p - 1$ ranks, so in
 # units of a whole stage the bubble shrinks to $(p-1)/v$: $\frac{p-1}{vm + p - 1}$ of the
-# step. Megatron's order runs the micro-batches in groups of $p$ and needs $m$ a multiple
-# of $p$.
+# step.
 
 # %%
 schedule_grid(pp.schedule("interleaved_1f1b", 4, 8, 2), costs=(1, 2, 0), figsize=(9, 2.4),
@@ -382,6 +425,34 @@ for v in (1, 2, 4):
 # $p - 1$, so $v$ times (nearly) the point-to-point messages, and each rank keeps the
 # activations of more chunks in flight during the longer warm-up.
 #
+# The micro-batches run in **rounds**: a round of $g$ micro-batches goes through chunk 0,
+# then through chunk 1, and so on. Megatron's rounds hold $p$ micro-batches, so by
+# default it needs $m$ a multiple of $p$ (its `microbatch_group_size_per_vp_stage`
+# changes the round size, and it refuses a last round shorter than $p$, which would add
+# "dependency bubbles"). torch's `ScheduleInterleaved1F1B` makes $\max(1, \lfloor m/p
+# \rfloor)$ rounds of equal size instead, so $m = 6$ on 4 ranks is one round of 6, and
+# $m < p$ one round of $m$; it refuses an $m$ that the rounds do not divide. The
+# library builds exactly torch's order (a test compares the two, shape by shape) and
+# accepts the same $m$. With $m < p$ a round is too short to keep rank 0 busy: a
+# micro-batch that comes back for its next chunk finds rank 0 idle since its $m$-th
+# forward, and each of the $v - 1$ returns costs $p - m$ more chunk-times. The idle
+# time is then $(p - 1) + (v - 1)(p - m)$ chunk-times against $vm$ of work, which
+# `pipeline_bubble` returns. Predict the bubbles, then measure:
+
+# %%
+small = nn.GPT(vocab=16, d_model=8, n_heads=2, d_ff=16, n_layers=8, max_seq=4)  # the costs are fixed: any model
+(x24, y24), = synthetic_batches(1, 24, 4, 16, seed=1)  # 24 sequences: m = 2, 4, 6, 8 or 12 divides them
+print(f"{'m':>3s} {'rounds':>7s} {'measured':>9s} {'formula':>8s}   (p = 4, v = 2)")
+for m in (2, 4, 6, 8, 12):
+    r = pp.run(World(4, topology=FREE), small, small.init(np.random.default_rng(0)),
+               pp.schedule("interleaved_1f1b", 4, m, 2), x24, y24, costs=COSTS)
+    print(f"{m:>3d} {max(1, m // 4):>7d} {r.bubble:>9.1%} {pipeline_bubble(4, m, 2):>8.1%}")
+try:
+    pp.schedule("interleaved_1f1b", 4, 9, 2)
+except ConfigError as err:
+    print(err)
+
+# %% [markdown]
 # ## 7. Zero bubble: split the backward
 #
 # B is urgent: the previous stage waits for it. W is not: it only has to be done before
@@ -392,7 +463,39 @@ for v in (1, 2, 4):
 # **ZB-H1** keeps 1F1B's order of forwards and B's; rank $r$ holds back $r$ of its W's
 # and runs them where 1F1B's rank would wait for gradients. The backward chain now carries
 # only B, so each rank idles $(p-1)(t_f + t_b - t_w)$ instead of $(p-1)(t_f + t_b + t_w)$:
-# a third, when the three are equal.
+# a third, when the three are equal. That holds while a W takes no longer than a forward
+# or a B (`pipeline_bubble(p, m, schedule="zb_h1", costs=(t_f, t_b, t_w))` refuses other
+# costs: a longer W delays the forward queued behind it).
+#
+# **Exercise 3.3** — ZB-H1 from your 1F1B. Return the schedule for `p` ranks and `m`
+# micro-batches: your 1F1B's forwards and backwards in their order (each `B` now only the
+# input gradient) and an `Action("W", i)` for every micro-batch, deferred as ZB-H1 does.
+# The check validates it on several shapes ($m < p$ included), plays it with four F:B:W
+# costs against the formula, counts the micro-batches each rank holds until their W (at
+# most $\min(p, m)$), and runs it once on the emulator.
+
+# %%
+def zb_h1(p, m):
+    ### BEGIN SOLUTION: Exercise 3.3: zero bubble (ZB-H1) from 1F1B
+    out = []
+    for r, acts in enumerate(one_f_one_b(p, m)):
+        new, waiting = [], []
+        for a in acts:
+            new.append(a)
+            if a.kind == "B":
+                waiting.append(a.microbatch)
+                if len(waiting) > r:  # rank r keeps r of them for the gaps at the end
+                    new.append(Action("W", waiting.pop(0)))
+        out.append(new + [Action("W", i) for i in waiting])
+    return out
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+grade.check_zb_h1(zb_h1)
+
+# %% [markdown]
+# The library's ZB-H1 against 1F1B, $p = 4$, $m = 8$:
 
 # %%
 print(pp.format_schedule(pp.schedule("zb_h1", 4, 8)))
@@ -418,10 +521,17 @@ for name, r in results.items():
 # * **ZB-V** gives each rank two chunks placed in a V (rank 0 holds the first and the
 #   last), so that the last stage's gradient turns around on the same GPU; with equal F,
 #   B and W it reaches zero bubble at 1F1B's memory.
-# * **DualPipe** (DeepSeek-V3) feeds micro-batches from both ends of the pipeline at
-#   once, each rank holding two mirrored chunks, and pairs the forward of one micro-batch
-#   with the backward of another so that the all-to-all of expert parallelism
-#   (lesson 05) hides under compute. It keeps two copies of some parameters to do so.
+# * **DualPipe** (DeepSeek-V3 technical report, section 3.2.1) is what the lecture notes
+#   call "the DeepSeek interleaving", but it is a different schedule from section 6's
+#   interleaved 1F1B. Micro-batches enter from both ends of the pipeline at once: rank
+#   $r$ holds stage $r$ of one direction and stage $p - 1 - r$ of the other, so twice
+#   a 1F1B stage's parameters. Each rank runs the forward chunk of one micro-batch
+#   overlapped with the backward chunk of another, so that expert parallelism's
+#   all-to-all (lesson 05) and the pipeline's sends hide under compute, and it splits
+#   B and W as ZB does. The comparison table of the `deepseek-ai/DualPipe` README
+#   gives its bubble as $(p/2 - 1)(F\&B + B - 3W)$ against ZB-H1's
+#   $(p-1)(F + B - 2W)$ (there $B$ is the whole backward and $F\&B$ an overlapped pair),
+#   with $p + 1$ micro-batches of activations per rank.
 #
 # ## 8. Traffic, and where pipelines go
 #
@@ -475,14 +585,14 @@ plt.show()
 # its last backward of the step is done it averages its gradients over its `dp` group
 # (the ranks with the same pipeline coordinate), then steps its optimizer.
 #
-# **Exercise 3.3** — `sync(dp, grads)`: `grads` is this stage's `{"layer.key": array}`;
+# **Exercise 3.4** — `sync(dp, grads)`: `grads` is this stage's `{"layer.key": array}`;
 # return the average over the data-parallel group `dp` (a group comm: `dp.size`,
 # `dp.all_reduce`). The check trains with it for two steps on three meshes and compares
 # every parameter with one device.
 
 # %%
 def sync_dp_grads(dp, grads):
-    ### BEGIN SOLUTION: Exercise 3.3: the data-parallel average of a stage's gradients
+    ### BEGIN SOLUTION: Exercise 3.4: the data-parallel average of a stage's gradients
     keys = sorted(grads)
     flat = dp.all_reduce(np.concatenate([grads[k].ravel() for k in keys])) / dp.size  # one bucket
     out, i = {}, 0

@@ -46,6 +46,35 @@ def test_one_f_one_b_check(capsys):
         g.check_one_f_one_b(lambda p, m: pp.schedule("1f1b", p, m))
 
 
+def uncapped_warmup(p, m, clamp=False):
+    """1F1B warming up p - 1 - r forwards even when fewer micro-batches exist."""
+    out = []
+    for r in range(p):
+        w = p - 1 - r
+        acts = [Action("F", i) for i in range(w)]
+        for i in range(max(0, m - w) if clamp else m - w):
+            acts += [Action("F", w + i), Action("B", i)]
+        out.append(acts + [Action("B", i) for i in range(max(0, m - w) if clamp else m - w, m)])
+    return out
+
+
+def test_one_f_one_b_check_rejects_a_warmup_that_is_not_capped_at_m():
+    assert uncapped_warmup(4, 8) == pp.schedule("1f1b", 4, 8)  # right whenever m >= p - 1
+    with pytest.raises(CheckFailed, match=r"p=4, m=2: rank 0 has F2 B-1, but the micro-batches are 0..1(.|\n)*"
+                                          r"min\(p - 1 - rank, m\)"):
+        g.check_one_f_one_b(uncapped_warmup)
+    with pytest.raises(CheckFailed, match=r"p=4, m=2: rank 0 has F2, but the micro-batches are 0..1"):  # F2 alone
+        g.check_one_f_one_b(lambda p, m: uncapped_warmup(p, m, clamp=True))  # phantom forwards, no negative index
+
+
+def test_one_f_one_b_check_names_a_shape_mistake():
+    with pytest.raises(CheckFailed, match="one list of actions per rank"):
+        g.check_one_f_one_b(lambda p, m: pp.parse("F0 B0"))
+    with pytest.raises(CheckFailed, match="kind in F/B"):
+        g.check_one_f_one_b(lambda p, m: [[("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+                                          for _ in range(p)])
+
+
 def test_one_f_one_b_check_catches_an_off_by_one_warmup():
     def late(p, m):  # one warm-up forward too many: still valid, holds one micro-batch too much
         out = []
@@ -63,7 +92,9 @@ def test_one_f_one_b_check_catches_an_off_by_one_warmup():
 
 # ----------------------------------------------------------------- Exercise 3.2
 def unbatched_loop(comm, stage, actions, micro_x, micro_y):
-    """Correct without batch_isend_irecv: isend and irecv posted one by one."""
+    """isend and irecv issued one by one: between two neighbours they run in issue order
+    (one NCCL stream per pair), so under 1F1B each one's send waits in front of the
+    receive that would let the other's complete: a hang on a cluster."""
     shape, dtype = stage.boundary(micro_x[0])
     sends = []
     for a in actions:
@@ -86,7 +117,8 @@ def unbatched_loop(comm, stage, actions, micro_x, micro_y):
     return stage.losses
 
 
-def loop_variant(free=True, wait_sends=True, scale=True, frees_at_end=False):
+def loop_variant(free=True, wait_sends=True, scale=True, frees_at_end=False, first_by_rank=False,
+                 wait_whole_batch=False, own_batches=False):
     def loop(comm, stage, actions, micro_x, micro_y):
         shape, dtype = stage.boundary(micro_x[0])
         pending, sends, done = [], [], []
@@ -94,11 +126,15 @@ def loop_variant(free=True, wait_sends=True, scale=True, frees_at_end=False):
             src = stage.source(a)
             ops = pending + ([P2POp(comm.irecv, np.empty(shape, dtype), src[0])] if src else [])
             handles = comm.batch_isend_irecv(ops) if ops else []
-            sends += handles[:len(pending)]
+            if wait_whole_batch:  # as Megatron's batched path and NCCL's one handle per batch
+                for h in handles[:len(pending)]:
+                    h.wait()
+            else:
+                sends += handles[:len(pending)]
             inbound = handles[-1].wait() if src else None
+            first = comm.rank == 0 if first_by_rank else stage.is_first(a.chunk)
             if a.kind == "F":
-                out = stage.forward(a, micro_x[a.microbatch] if stage.is_first(a.chunk) else inbound,
-                                    micro_y[a.microbatch])
+                out = stage.forward(a, micro_x[a.microbatch] if first else inbound, micro_y[a.microbatch])
             elif a.kind == "B":
                 out = stage.backward(a, inbound, scale=1 / len(micro_x) if scale else 1.0)
             else:
@@ -109,6 +145,9 @@ def loop_variant(free=True, wait_sends=True, scale=True, frees_at_end=False):
                     stage.free(a)
             dst = stage.destination(a)
             pending = [P2POp(comm.isend, out, dst[0])] if dst else []
+            if own_batches and pending:  # each send in a batch of its own, posted at once
+                sends += comm.batch_isend_irecv(pending)
+                pending = []
         if pending:
             sends += comm.batch_isend_irecv(pending)
         if wait_sends:
@@ -123,7 +162,7 @@ def loop_variant(free=True, wait_sends=True, scale=True, frees_at_end=False):
 
 
 def test_stage_loop_check(capsys):
-    g.check_stage_loop(unbatched_loop)
+    g.check_stage_loop(loop_variant(own_batches=True))  # sends posted as soon as computed, apart: also right
     assert "PASSED Exercise 3.2" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match="still holds"):
         g.check_stage_loop(loop_variant(free=False))
@@ -131,6 +170,32 @@ def test_stage_loop_check(capsys):
         g.check_stage_loop(loop_variant(frees_at_end=True))
     with pytest.raises(CheckFailed, match="gradient of"):
         g.check_stage_loop(loop_variant(scale=False))  # the sum over micro-batches, not the mean
+
+
+def test_stage_loop_check_rejects_separately_issued_sends_and_receives_naming_the_ranks():
+    with pytest.raises(CheckFailed) as err:
+        g.check_stage_loop(unbatched_loop)
+    text = str(err.value)
+    assert "1f1b p=4 m=8: the loop failed" in text
+    assert "rank 2 waits in recv(src=3) #0 on group world: it was issued separately after its own send(dst=3)" in text
+    assert "one comm.batch_isend_irecv" in text
+
+
+def test_waiting_for_a_whole_batch_hangs_interleaving_as_on_nccl():
+    """torch returns one handle for a batch_isend_irecv on NCCL, so waiting for the receive
+    waits for the batch's sends too; pairing each receive with the previous action's sends
+    then leaves two neighbours each waiting for the other under interleaved 1F1B."""
+    with pytest.raises(CheckFailed, match=r"interleaved_1f1b p=2 m=4 v=2: the loop failed(.|\n)*rank 0 waits in "
+                                          r"send\(dst=1\)"):
+        g.check_stage_loop(loop_variant(wait_whole_batch=True))
+
+
+def test_stage_loop_check_names_the_first_stage_when_the_loop_tests_the_rank():
+    """rank == 0 is the first stage only without interleaving: rank 0's chunk 1 is stage p."""
+    with pytest.raises(CheckFailed, match=r"interleaved_1f1b p=2 m=4 v=2: rank 0 ran F0.1 \(chunk 1, virtual stage 2 "
+                                          r"of 4\) on the micro-batch's tokens(.|\n)*stage.is_first\(a.chunk\), "
+                                          r"not the rank"):
+        g.check_stage_loop(loop_variant(first_by_rank=True))
 
 
 def test_stage_loop_check_reports_a_deadlock_and_refuses_the_library():
@@ -141,13 +206,53 @@ def test_stage_loop_check_reports_a_deadlock_and_refuses_the_library():
 
 
 # ----------------------------------------------------------------- Exercise 3.3
+def zb_from_1f1b(p, m, place="cooldown"):
+    """W split from B, deferred from one_f_one_b_by_clock's order. ``place``:
+    "cooldown": rank r holds back r W's, and once its forwards are done runs one after
+    each B (not the key's order, also ZB-H1's bubble); "after_b": each W right after its
+    B (no deferral); "end": every W at the end (GPipe's memory);
+    "before_f": held-back W's run just before the next forward, which then waits."""
+    out = []
+    for r, acts in enumerate(one_f_one_b_by_clock(p, m)):
+        new, pending, forwards_left = [], [], m
+        for a in acts:
+            if place == "before_f" and a.kind == "F" and len(pending) > r:
+                new.append(Action("W", pending.pop(0)))
+            new.append(a)
+            forwards_left -= a.kind == "F"
+            if a.kind == "B":
+                pending.append(a.microbatch)
+                if place == "after_b" or (place == "cooldown" and (len(pending) > r or forwards_left == 0)):
+                    new.append(Action("W", pending.pop(0)))
+        out.append(new + [Action("W", j) for j in pending])
+    return out
+
+
+def test_zb_h1_check(capsys):
+    assert zb_from_1f1b(4, 2) != pp.schedule("zb_h1", 4, 2)  # unlike the key (when m < p)
+    g.check_zb_h1(zb_from_1f1b)
+    assert "PASSED Exercise 3.3" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match=r"ZB-H1's is .*defer W's into the slots"):
+        g.check_zb_h1(lambda p, m: zb_from_1f1b(p, m, "before_f"))
+    with pytest.raises(CheckFailed, match=r"p=2, m=3, F:B:W = 1:1:1: the bubble is 18.18%; ZB-H1's is 10.00%"):
+        g.check_zb_h1(lambda p, m: zb_from_1f1b(p, m, "after_b"))
+    with pytest.raises(CheckFailed, match=r"p=1, m=2: rank 0 holds 2 micro-batches' activations until their W; "
+                                          r"ZB-H1 holds at most 1"):
+        g.check_zb_h1(lambda p, m: zb_from_1f1b(p, m, "end"))
+    with pytest.raises(CheckFailed, match="no W actions"):
+        g.check_zb_h1(one_f_one_b_by_clock)
+    with pytest.raises(CheckFailed, match="library's own solution"):
+        g.check_zb_h1(lambda p, m: pp.schedule("zb_h1", p, m))
+
+
+# ----------------------------------------------------------------- Exercise 3.4
 def per_key_average(dp, grads):
     return {k: dp.all_reduce(v) / dp.size for k, v in grads.items()}
 
 
 def test_dp_sync_check(capsys):
     g.check_dp_sync(per_key_average)  # a collective per tensor: slower, also right
-    assert "PASSED Exercise 3.3" in capsys.readouterr().out
+    assert "PASSED Exercise 3.4" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match="mean over its dp group"):
         g.check_dp_sync(lambda dp, grads: {k: dp.all_reduce(v) for k, v in grads.items()})  # sum
     with pytest.raises(CheckFailed, match="mean over its dp group"):
@@ -175,6 +280,21 @@ def test_problem_8_2_check(capsys):
         g.problem_8_2(lambda p=12, target=0.05, seqs_per_micro=4: (int((p - 1) / target), 4 * int((p - 1) / target),
                                                                    int((p - 1) / target)))  # one definition for both
 
+    def rounds_down(p=12, target=0.05, seqs_per_micro=4):  # right wherever (p-1)/target is whole
+        m, mt = int((p - 1) / target + 1e-9), int((p - 1) * (1 - target) / target + 1e-9)
+        return m, m * seqs_per_micro, mt
+
+    assert rounds_down() == right()
+    with pytest.raises(CheckFailed, match=r"bubble over the ideal time, p=8, target=0.03, seqs_per_micro=2\): "
+                                          r"expected 234, got 233: m must reach 233.3.*round up"):
+        g.problem_8_2(rounds_down)
+
+    def unrounded(p=12, target=0.05, seqs_per_micro=4):
+        return (p - 1) / target, seqs_per_micro * (p - 1) / target, (p - 1) * (1 - target) / target
+
+    with pytest.raises(CheckFailed, match="a number of micro-batches is whole"):
+        g.problem_8_2(unrounded)
+
 
 def test_memory_vs_bubble_check(capsys):
     def right(p=8, per_micro_batch=2e9, budget=40e9, max_m=256):
@@ -191,3 +311,30 @@ def test_memory_vs_bubble_check(capsys):
 
     with pytest.raises(CheckFailed, match="1F1B"):
         g.napkin_memory_vs_bubble(same_memory)
+
+    def always_fits(p=8, per_micro_batch=2e9, budget=40e9, max_m=256):  # never checks that p fit in 1F1B
+        m_g = min(int(budget / per_micro_batch), max_m)
+        return m_g, (p - 1) / (m_g + p - 1), max_m, (p - 1) / (max_m + p - 1)
+
+    assert always_fits() == right()
+    with pytest.raises(CheckFailed, match=r"1F1B's micro-batches, p=16.*expected 12, got 256: 1F1B's first stage "
+                                          r"holds min\(p, m\)"):
+        g.napkin_memory_vs_bubble(always_fits)
+
+    def uncapped(p=8, per_micro_batch=2e9, budget=40e9, max_m=256):  # GPipe beyond the batch
+        m_g = int(budget / per_micro_batch)
+        m_1 = max_m if p * per_micro_batch <= budget else m_g
+        return m_g, (p - 1) / (m_g + p - 1), m_1, (p - 1) / (m_1 + p - 1)
+
+    assert uncapped() == right()
+    with pytest.raises(CheckFailed, match=r"GPipe's micro-batches, p=4.*expected 32, got 80: the memory holds 80, but "
+                                          r"the batch has only 32"):
+        g.napkin_memory_vs_bubble(uncapped)
+
+    def min_of_p_and_m(p=8, per_micro_batch=2e9, budget=40e9, max_m=256):  # 1F1B: the largest m whose
+        fits = int(budget // per_micro_batch)  # first stage, holding min(p, m), fits: also right
+        m_g = min(fits, max_m)
+        m_1 = max(m for m in range(1, max_m + 1) if min(p, m) <= fits)
+        return m_g, (p - 1) / (m_g + p - 1), m_1, (p - 1) / (m_1 + p - 1)
+
+    g.napkin_memory_vs_bubble(min_of_p_and_m)

@@ -22,12 +22,18 @@ def tiny(layers, dtype=np.float64, d=4):
     return model, model.init(np.random.default_rng(0))
 
 
+def interleavable(p, m):
+    """torch's rule: max(1, m // p) rounds of equal size."""
+    return m % max(1, m // p) == 0
+
+
 def grid(name):
-    """p in 1..8, m in 1..3p (interleaved: m a multiple of p, v = 2 and 3)."""
+    """p in 1..8, m in 1..3p (interleaved: v = 2 and 3, every m that makes rounds of equal
+    size, m < p and m not a multiple of p included)."""
     for p in range(1, 9):
         for m in range(1, 3 * p + 1):
             for v in ((2, 3) if name == "interleaved_1f1b" else (1,)):
-                if name != "interleaved_1f1b" or m % p == 0:
+                if name != "interleaved_1f1b" or interleavable(p, m):
                     yield name, p, m, v
 
 
@@ -59,7 +65,8 @@ def test_schedule_as_a_grid_of_time_slots():
     (("1f1b", 4, 0), "m must be"),
     (("1f1b", 4, 2.5), "m must be"),
     (("interleaved_1f1b", 4, 8, 1), "v >= 2"),
-    (("interleaved_1f1b", 4, 6, 2), "multiple of the pipeline size"),
+    (("interleaved_1f1b", 4, 9, 2), "rounds of equal size(.|\n)*try m = 8 or 10"),
+    (("interleaved_1f1b", 2, 5, 3), "makes 2 rounds, which do not divide 5"),
     (("gpipe", 4, 8, 2), "one chunk per rank"),
 ])
 def test_bad_arguments_raise_value_error(args, words):
@@ -73,6 +80,12 @@ def test_pipeline_bubble_values_and_definitions():
     assert pipeline_bubble(4, 4, of="ideal") == 3 / 4
     assert pipeline_bubble(4, 8, v=2) == 3 / 19
     assert pipeline_bubble(4, 8, v=2, of="ideal") == 3 / 16
+    assert pipeline_bubble(4, 6, v=2) == 3 / 15  # m not a multiple of p: one round of 6
+    # m < p: each of the v - 1 returns to rank 0 waits p - m more chunk-times
+    assert pipeline_bubble(4, 2, v=2) == pytest.approx(5 / 9)
+    assert pipeline_bubble(4, 1, v=3) == pytest.approx(9 / 12) == pytest.approx(pipeline_bubble(4, 1))  # one lap
+    with pytest.raises(ValueError, match="rounds of equal size"):
+        pipeline_bubble(4, 9, v=2)  # no schedule: refused, not a number no schedule reaches
     # Problem 8.2: 12 stages, bubble at most 5%: 220 micro-batches over ideal time, 209 over total
     assert micro_batches_for_bubble(12, 0.05, of="ideal") == 220
     assert micro_batches_for_bubble(12, 0.05, of="total") == 209
@@ -110,6 +123,47 @@ def test_every_schedule_is_valid_and_its_measured_bubble_is_the_formula(name):
                 for led, n, stage in zip(run.world.memory, held, run.stages):
                     one = stage.micro_batch_bytes[0]  # what F0 held, every layer's activations
                     assert one > 0 and led.peak_by_kind["activations"] == n * one
+
+
+def test_zb_h1_formula_is_the_simulated_bubble_when_w_is_no_longer_than_f_or_b():
+    costs_ok = [(1, 1, 1), (1, 2, 1), (2, 1, 1), (1, 1.5, 0.5), (3, 2, 2), (1, 2, 0)]
+    for p in range(1, 7):
+        for m in range(1, 2 * p + 2):
+            s = pp.schedule("zb_h1", p, m)
+            for costs in costs_ok:
+                assert pp.bubble_of(pp.simulate(s, costs)) == pytest.approx(
+                    pipeline_bubble(p, m, schedule="zb_h1", costs=costs), abs=1e-9), (p, m, costs)
+    # a W longer than a forward: the schedule idles more than the formula says, so it is refused
+    assert pp.bubble_of(pp.simulate(pp.schedule("zb_h1", 3, 3), (1, 2, 2))) > 0.2 > 2 / 17
+    with pytest.raises(ValueError, match="t_w <= t_f"):
+        pipeline_bubble(3, 3, schedule="zb_h1", costs=(1, 2, 2))
+
+
+def test_interleaved_order_is_torchs_for_every_m_it_accepts():
+    """Our interleaved 1F1B is torch's ScheduleInterleaved1F1B order, rank by rank (its
+    warm-up and 1F1B helpers, the padding dropped), m not a multiple of p included."""
+    S = pytest.importorskip("torch.distributed.pipelining.schedules")
+    if not (hasattr(S, "_get_warmup_ops") and hasattr(S, "_get_1f1b_rank_ops")):
+        pytest.skip("this torch has no _get_warmup_ops/_get_1f1b_rank_ops")
+    kinds = {S._ComputationType.FORWARD: "F", S._ComputationType.FULL_BACKWARD: "B"}
+    compared = 0
+    for p in range(2, 7):
+        for v in (2, 3):
+            for m in range(1, 3 * p + 1):
+                if not interleavable(p, m):
+                    continue
+                g = m // max(1, m // p)
+                theirs = []
+                for rank in range(p):
+                    w = S._get_warmup_ops(rank, v, g, p, m, multiply_factor=2)
+                    ops = S._get_1f1b_rank_ops(
+                        v, p, w, v * m - w, w, rank, lambda k, r=rank: ((k // g) % v) * p + r,
+                        lambda k, r=rank, w=w: (v - 1 - ((k - w) // g) % v) * p + r)
+                    theirs.append([pp.Action(kinds[a.computation_type], a.microbatch_index, a.stage_index // p)
+                                   for a in ops if a is not None])
+                assert pp.schedule("interleaved_1f1b", p, m, v) == theirs, (p, m, v)
+                compared += 1
+    assert compared > 100
 
 
 def test_simulation_and_emulator_agree_with_other_costs():

@@ -16,7 +16,12 @@ They agree for m >> p and differ for small m: with p = 4, m = 4 the idle share i
 
 Interleaving ``v`` chunks per rank makes each forward and backward ``1/v`` as long while the
 ramp still crosses ``p - 1`` ranks, so ``p - 1`` becomes ``(p - 1) / v`` in units of a
-whole stage: ``(p - 1) / (v m + p - 1)`` of the total.
+whole stage: ``(p - 1) / (v m + p - 1)`` of the total, when ``m >= p``. With fewer
+micro-batches than ranks (one round of ``m``), a micro-batch that comes back to rank 0 for
+its next chunk finds it idle since its ``m`` forwards: each of the ``v - 1`` returns costs
+``p - m`` more chunk-times, so the idle time is ``(p - 1) + (v - 1)(p - m)`` chunk-times
+against ``v m`` of work. :func:`emulator.parallel.pipeline.schedule` builds these
+schedules and the tests measure them.
 
 Zero bubble (ZB-H1, Qi et al. 2023) splits the backward into ``B`` (input gradient) and
 ``W`` (weight gradient) and fills the ramp-down with deferred ``W``: each stage idles for
@@ -39,13 +44,16 @@ def pipeline_bubble(p, m, v=1, of="total", schedule=None, costs=(1, 1, 1)):
     """The idle fraction of a pipeline step with ``p`` stages, ``m`` micro-batches and
     ``v`` chunks per rank (interleaving), stages of equal cost and a network that takes
     no time: ``of="total"`` over the step's time ((p-1)/(v m + p-1)), ``of="ideal"`` over
-    the compute time alone ((p-1)/(v m)).
+    the compute time alone ((p-1)/(v m)). With ``v > 1`` and ``m < p`` the idle time is
+    ``(p-1) + (v-1)(p-m)`` chunk-times instead of ``p-1``; ``m`` must make rounds of equal
+    size (:func:`interleaved_rounds`).
 
     ``schedule="zb_h1"`` gives the zero-bubble schedule's, which depends on the cost of
     forward, input-gradient and weight-gradient passes, ``costs=(t_f, t_b, t_w)``: each
     stage idles (p-1)(t_f + t_b - t_w) against m (t_f + t_b + t_w) of work when m >= p;
     with fewer micro-batches the step is the forward and ``B`` chain, (m+p-1)(t_f+t_b),
-    plus the first stage's last ``W``. Holds for t_w <= t_b."""
+    plus the first stage's last ``W``. Holds for t_w <= t_f and t_w <= t_b (measured on
+    every schedule with p <= 7; a longer W delays the forwards queued behind it)."""
     _positive_int("p", p)
     _positive_int("m", m)
     _positive_int("v", v)
@@ -58,10 +66,11 @@ def pipeline_bubble(p, m, v=1, of="total", schedule=None, costs=(1, 1, 1)):
         if v != 1:
             raise ConfigError("pipeline_bubble: zb_h1 has one chunk per rank (v=1)")
         t_f, t_b, t_w = costs
-        if not (t_f > 0 and t_b > 0 and 0 <= t_w <= t_b):
+        if not (t_f > 0 and t_b > 0 and 0 <= t_w <= min(t_f, t_b)):
             raise ConfigError(f"pipeline_bubble: the zb_h1 formula needs costs=(t_f, t_b, t_w) with t_f, t_b > 0 "
-                              f"and 0 <= t_w <= t_b (a transformer's W is B's matmuls without attention's), "
-                              f"got {costs!r}")
+                              f"and 0 <= t_w <= t_f, t_b (a transformer's W is B's matmuls without attention's, "
+                              f"and about a forward's); a W longer than a forward delays the forwards queued "
+                              f"behind it and the schedule idles more. Got {costs!r}")
         work = m * (t_f + t_b + t_w)
         # the W passes fill the ramp-down, unless there are too few micro-batches to fill it:
         # then the forward and input-gradient chain, plus the first stage's last W, is the step
@@ -70,8 +79,25 @@ def pipeline_bubble(p, m, v=1, of="total", schedule=None, costs=(1, 1, 1)):
     else:
         if schedule in ("gpipe", "1f1b") and v != 1:
             raise ConfigError(f"pipeline_bubble: {schedule} has one chunk per rank; use interleaved_1f1b for v > 1")
-        idle, work = (p - 1), v * m
+        if v > 1:
+            interleaved_rounds(p, m)  # only the schedules that exist
+        idle, work = (p - 1) + (v - 1) * max(0, p - m), v * m  # in chunk-times
     return idle / work if of == "ideal" else idle / (work + idle)
+
+
+def interleaved_rounds(p, m):
+    """(rounds, micro-batches per round) of interleaved 1F1B, as torch's
+    ``ScheduleInterleaved1F1B`` (``number_of_rounds = max(1, m // p)``); raises
+    :class:`ConfigError` when the rounds cannot be of equal size."""
+    rounds = max(1, m // p)
+    if m % rounds:
+        near = sorted({k for k in range(max(1, m - p), m + p + 1) if k % max(1, k // p) == 0},
+                      key=lambda k: (abs(k - m), k))[:2]
+        raise ConfigError(f"interleaved_1f1b runs the micro-batches in max(1, m // p) rounds of equal size, the "
+                          f"order torch's ScheduleInterleaved1F1B builds (its warm-up is sized for one round); "
+                          f"m={m} with p={p} makes {rounds} rounds, which do not divide {m}: try m = "
+                          f"{' or '.join(map(str, sorted(near)))}")
+    return rounds, m // rounds
 
 
 def micro_batches_for_bubble(p, target, of="total"):

@@ -16,6 +16,30 @@ ranks. The k-th send from a to b matches the k-th recv on b from a (per group, i
 order). A transfer starts when both sides have been posted and their streams are free:
 each rank has a stream per peer and direction (``"p2p 0->1"``), so a send and a receive
 between two ranks progress at once, as they do when NCCL runs them in one group.
+
+Operations issued *separately* (``isend``, ``irecv``, ``send``, ``recv``, not in one
+``batch_isend_irecv``) between the same two ranks of a group run one after the other,
+in the order each rank issued them, as they do under torch and NCCL:
+
+* ``ProcessGroupNCCL::pointToPoint`` (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp)
+  gives a lone send or recv the two-rank communicator of the pair
+  (``getKeySendRecv(rank_, peer)``) and that communicator's stream
+  (``ncclStreams_.at(key)``): every separate op between two ranks, either way, is queued
+  on one CUDA stream, and a kernel on a stream starts only when the one before it ends.
+  Inside ``batch_isend_irecv`` (``ncclActiveGroupCounter_ > 0``) the ops form one NCCL
+  group on the group's communicator instead.
+* NCCL wraps a lone ``ncclSend``/``ncclRecv`` in a group of its own
+  (``ncclEnqueueCheck`` in src/enqueue.cc calls ``ncclGroupStartInternal``), and its
+  documentation (docs: api/p2p.rst, usage/p2p.rst) says the operation "is blocking for
+  the GPU"; sends and receives that must progress concurrently to complete "must be
+  fused within a ncclGroupStart()/ncclGroupEnd() section".
+
+So two neighbours that each ``isend`` to the other and then ``irecv`` from it wait
+forever on a cluster, each send queued ahead of the receive that would complete the
+other's. Here they raise :class:`~emulator.errors.DeadlockError` naming both ranks and
+the operation each one's receive is queued behind. Megatron-LM's unbatched path
+(``_p2p_ops`` in megatron/core/pipeline_parallel/p2p_communication.py) avoids it by
+ordering: even pipeline ranks send first, odd ranks receive first.
 """
 
 import numpy as np
@@ -50,18 +74,34 @@ class P2POp:
 
 
 class _Side:
-    """One posted send or recv; matched with its counterpart into a transfer."""
+    """One posted send or recv; matched with its counterpart into a transfer.
+
+    ``ahead``: the ops it is queued behind on its NCCL stream (it starts once they have
+    all completed): for an op issued separately, this rank's previous separate op with
+    the same peer; nothing for an op of a ``batch_isend_irecv``."""
 
     __slots__ = ("kind", "rank", "peer", "k", "label", "data", "buffer", "issued", "stream", "call",
-                 "done", "end", "op", "world")
+                 "done", "end", "op", "world", "ahead", "behind", "counterpart")
 
-    def __init__(self, world, kind, rank, peer, k, label, data, buffer, call):
+    def __init__(self, world, kind, rank, peer, k, label, data, buffer, call, ahead=()):
         self.world, self.kind, self.rank, self.peer, self.k, self.label = world, kind, rank, peer, k, label
         self.data, self.buffer, self.call = data, buffer, call
         self.issued = world.clock.compute[rank]
         self.stream = None
         self.done, self.end = False, 0.0
         self.op = f"send->{peer}" if kind == "send" else f"recv<-{peer}"
+        self.ahead, self.behind, self.counterpart = tuple(ahead), [], None
+        for side in self.ahead:
+            side.behind.append(self)
+
+    @property
+    def ready(self):
+        """Whether the op has reached the head of its stream: what was queued ahead of it
+        has completed."""
+        return all(side.done for side in self.ahead)
+
+    def name(self):
+        return f"{'send(dst' if self.kind == 'send' else 'recv(src'}={self.peer}) #{self.k}"
 
     def result(self, rank):
         if self.kind == "send":
@@ -72,14 +112,29 @@ class _Side:
         self.buffer[...] = data
         return self.buffer
 
+    def queued(self):
+        """Why this op has not started though it was posted ('' when it may start)."""
+        blocking = next((side for side in self.ahead if not side.done), None)
+        if blocking is None:
+            return ""
+        return (f"it was issued separately after its own {blocking.name()}, which has not completed (separately "
+                f"issued isend/irecv between two ranks run one after the other, on one NCCL stream per pair)")
+
     def describe(self):
         w, peer = self.world, self.peer
         gone = " and has returned" if w._finished[peer] else ""
+        where = f"waits in {self.name()} on group {self.label}"
+        mine = self.queued()
+        if mine:
+            return (f"{where}: {mine}; post the sends and receives that must progress together in one "
+                    f"batch_isend_irecv")
+        other = self.counterpart
+        theirs = other.queued() if other is not None else ""
+        if theirs:
+            return f"{where}: rank {peer} posted the matching {other.name()}, but {theirs}"
         if self.kind == "send":
-            return (f"waits in send(dst={peer}) #{self.k} on group {self.label}: rank {peer} has not posted "
-                    f"the matching recv{gone}")
-        return (f"waits in recv(src={peer}) #{self.k} on group {self.label}: rank {peer} has not posted the "
-                f"matching send{gone}")
+            return f"{where}: rank {peer} has not posted the matching recv{gone}"
+        return f"{where}: rank {peer} has not posted the matching send{gone}"
 
 
 class PointToPoint:
@@ -102,6 +157,10 @@ class PointToPoint:
         return g_peer
 
     def _post(self, kind, array, peer):
+        """Post one send or recv, issued separately; returns its handle."""
+        return Handle(self._world, self.global_rank, self._enqueue(kind, array, peer, grouped=False))
+
+    def _enqueue(self, kind, array, peer, grouped):
         g_peer = self._peer(peer, kind)
         w, me = self._world, self.global_rank
         src, dst = (me, g_peer) if kind == "send" else (g_peer, me)
@@ -112,11 +171,33 @@ class PointToPoint:
         nbytes = data.nbytes if data is not None else (buffer.nbytes if buffer is not None else None)
         call = Call(kind, self.label, nbytes, g_peer)
         w.calls[me].append(call)
-        side = _Side(w, kind, me, g_peer, len(mine), self.label, data, buffer, call)
+        if grouped:  # one NCCL group: its ops progress together
+            side = _Side(w, kind, me, g_peer, len(mine), self.label, data, buffer, call)
+        else:  # on the pair's stream, behind this rank's last separate op with that peer
+            last = w._p2p.setdefault(("separate", self.ranks, me, g_peer), [])  # (group, src, dst) keys: mailboxes
+            side = _Side(w, kind, me, g_peer, len(mine), self.label, data, buffer, call,
+                         [s for s in last if not s.done])
+            last[:] = [side]
         mine.append(side)
         if len(other) > side.k:
-            self._match(*((side, other[side.k]) if kind == "send" else (other[side.k], side)))
-        return Handle(w, me, side)
+            side.counterpart = other[side.k]
+            other[side.k].counterpart = side
+            self._start(side)
+        return side
+
+    def _start(self, side):
+        """Run every transfer that can start now: ``side``'s, if both its ends have
+        reached the head of their streams, then those of the ops queued behind each op
+        that completes."""
+        todo = [side]
+        while todo:
+            s = todo.pop()
+            other = s.counterpart
+            if s.done or other is None or not (s.ready and other.ready):
+                continue
+            send, recv = (s, other) if s.kind == "send" else (other, s)
+            self._match(send, recv)
+            todo += send.behind + recv.behind
 
     def _match(self, send, recv):
         w = self._world
@@ -127,7 +208,9 @@ class PointToPoint:
                 f"dtype {buf.dtype}, but rank {send.rank} sends shape {data.shape} dtype {data.dtype}; the "
                 f"receiver's buffer must match what is sent")
         stream = p2p_stream(send.rank, recv.rank)
-        t0 = max(send.issued, recv.issued, w.clock.free(send.rank, stream), w.clock.free(recv.rank, stream))
+        queued = [a.end for side in (send, recv) for a in side.ahead]  # what ran before it on its stream
+        t0 = max([send.issued, recv.issued, w.clock.free(send.rank, stream), w.clock.free(recv.rank, stream)]
+                 + queued)
         steps = [Messages("p2p", np.array([0]), np.array([1]), np.array([0]), np.array([data.nbytes]), False,
                           exclusive=True)]
         _, end = w.clock.charge("send", self.label, steps, (send.rank, recv.rank), t0, (stream, stream),
@@ -148,22 +231,30 @@ class PointToPoint:
         return self.irecv(buffer_or_src, src).wait()
 
     def isend(self, x, dst):
-        """Post a send of a copy of ``x``; returns a handle (``wait()`` returns None)."""
+        """Post a send of a copy of ``x``; returns a handle (``wait()`` returns None). It
+        starts once this rank's earlier separately issued ops with ``dst`` have completed."""
         return self._post("send", x, dst)
 
     def irecv(self, buffer_or_src, src=None):
         """Post a receive: ``irecv(src)`` or ``irecv(buffer, src)``; returns a handle whose
-        ``wait()`` returns the received array."""
+        ``wait()`` returns the received array. It starts once this rank's earlier
+        separately issued ops with ``src`` have completed."""
+        return self._post("recv", *self._recv_args(buffer_or_src, src))
+
+    def _recv_args(self, buffer_or_src, src):
+        """(buffer or None, source) of ``irecv(src)`` or ``irecv(buffer, src)``."""
         if isinstance(buffer_or_src, np.ndarray) or is_shape_only(buffer_or_src):
             if src is None:
                 raise PeerError(f"rank {self.global_rank}: irecv(buffer, src) needs the source rank")
-            return self._post("recv", buffer_or_src, src)
+            return buffer_or_src, src
         if src is not None:
             raise PeerError(f"rank {self.global_rank}: irecv takes (src) or (buffer, src), got two non-arrays")
-        return self._post("recv", None, buffer_or_src)
+        return None, buffer_or_src
 
     def batch_isend_irecv(self, ops):
-        """Post every :class:`P2POp` in ``ops`` at once; returns their handles, in order."""
+        """Post every :class:`P2POp` in ``ops`` at once, as one NCCL group: they progress
+        together, whatever their order in the list, and wait behind nothing issued
+        separately. Returns their handles, in order."""
         ops = list(ops)
         if not ops or not all(isinstance(op, P2POp) for op in ops):
             raise ConfigError(f"rank {self.global_rank}: batch_isend_irecv takes a non-empty list of P2POp, "
@@ -174,4 +265,6 @@ class PointToPoint:
             if op.comm.ranks != ops[0].comm.ranks:
                 raise ConfigError(f"rank {self.global_rank}: all ops of batch_isend_irecv must use one group, "
                                   f"got groups {op.comm.label} and {ops[0].comm.label}")
-        return [op.op(op.tensor, op.peer) for op in ops]
+        sides = [self._enqueue("send", op.tensor, op.peer, grouped=True) if op.op.__name__ == "isend" else
+                 self._enqueue("recv", *self._recv_args(op.tensor, op.peer), grouped=True) for op in ops]
+        return [Handle(self._world, self.global_rank, side) for side in sides]

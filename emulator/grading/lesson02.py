@@ -18,13 +18,17 @@ from .common import CheckFailed, check_close, compare_arrays, expect, passed, ru
 from .napkins import variants
 from .refuse import refusing
 
-LIBRARY = (TP.ColumnParallelLinear, TP.RowParallelLinear, TensorParallelBlock, SP.all_gather_dim,
-           SP.reduce_scatter_dim, SP.gather_from_sp_region, SP.reduce_scatter_to_sp_region,
-           SP.gather_from_sp_region_backward, SP.reduce_scatter_to_sp_region_backward,
+LIBRARY = (TP.ColumnParallelLinear, TP.RowParallelLinear, TensorParallelBlock,
+           SP.gather_from_sequence_parallel_region, SP.reduce_scatter_to_sequence_parallel_region,
+           SP.gather_from_sequence_parallel_region_backward, SP.reduce_scatter_to_sequence_parallel_region_backward,
            TensorParallelBlock.sync_sequence_parallel_grads, VP.vocab_parallel_cross_entropy,
            activations.activation_bytes_per_layer, activations.activation_terms, activations.tp_bytes_per_layer,
            activations.pp_bytes_per_boundary, collective_time)
 D, A, FF, B, S = 16, 4, 32, 2, 8
+SP_S, SP_FF = 12, 48  # the sequence-parallel sublayer: 12 positions and d_ff 48 split over 1, 2, 3 or 4 ranks
+# while the sequence-parallel checks run, the library's sequence-parallel block refuses (the
+# collectives along a dim, SP.all_gather_dim and SP.reduce_scatter_dim, stay allowed)
+SP_LIBRARY = (TensorParallelBlock, TensorParallelBlock.sync_sequence_parallel_grads)
 
 
 def _run(what, t, prog, library=LIBRARY):
@@ -103,90 +107,138 @@ def check_tp_attention(forward, backward):
            "with one all-reduce in forward and one in backward")
 
 
-def check_sequence_regions(all_gather_seq, reduce_scatter_seq):
-    """Exercise 2.3: all-gather and reduce-scatter along the sequence; with them the block
-    under sequence parallelism equals one device, and a region moves an all-reduce's bytes."""
-    rng = np.random.default_rng(2)
-    for t in (1, 2, 4):
-        parts = [rng.standard_normal((B, S // t, D)) for _ in range(t)]
-        full = [rng.standard_normal((B, S, D)) for _ in range(t)]
-        world, out = _run("Exercise 2.3", t, lambda c: (all_gather_seq(c, parts[c.rank].copy()),
-                                                        reduce_scatter_seq(c, full[c.rank].copy())))
-        for r, (g, s) in enumerate(out):
-            compare_arrays(f"Exercise 2.3, t={t}, rank {r}, all-gather along the sequence", g,
-                           np.concatenate(parts, axis=1))
-            compare_arrays(f"Exercise 2.3, t={t}, rank {r}, reduce-scatter along the sequence", s,
-                           np.sum(full, axis=0)[:, r * S // t:(r + 1) * S // t])
+def _sp_sublayer(t):
+    """Parameters of the MLP sublayer y = x + MLP(LN(x)) (biases and norm not at their
+    initial values, so a missing or doubled term shows), an input and an output gradient."""
+    rng = np.random.default_rng(20 + t)
+    mlp = nn.MLP(D, SP_FF, dtype=np.float64)
+    full = {k: v + 0.3 * rng.standard_normal(v.shape) for k, v in mlp.init(rng).items()}
+    full["ln.g"], full["ln.b"] = 1 + 0.2 * rng.standard_normal(D), 0.2 * rng.standard_normal(D)
+    x, dy = rng.standard_normal((B, SP_S, D)), rng.standard_normal((B, SP_S, D))
+    return full, x, dy
+
+
+def _sp_reference(full, x, dy):
+    """One device: (y, dx, grads) of y = x + MLP(LN(x))."""
+    mlp = nn.MLP(D, SP_FF, dtype=np.float64)
+    a = nn.layer_norm(x, full["ln.g"], full["ln.b"])
+    mp = {k: v for k, v in full.items() if not k.startswith("ln.")}
+    z, cache = mlp.forward(mp, a)
+    da, grads = mlp.backward(mp, cache, dy)
+    dx_ln, grads["ln.g"], grads["ln.b"] = nn.layer_norm_backward(x, full["ln.g"], da)
+    return x + z, dy + dx_ln, grads
+
+
+def _sp_shard(full, r, t):
+    cols = slice(r * SP_FF // t, (r + 1) * SP_FF // t)
+    return {"ln.g": full["ln.g"], "ln.b": full["ln.b"], "fc1.w": full["fc1.w"][:, cols], "fc1.b": full["fc1.b"][cols],
+            "fc2.w": full["fc2.w"][cols], "fc2.b": full["fc2.b"]}
+
+
+def _positions(r, t):
+    return slice(r * SP_S // t, (r + 1) * SP_S // t)
+
+
+def _sp_forward_calls(what, t, calls):
+    """The forward's collectives: one all-gather of the norm's output, one reduce-scatter
+    of fc2's partial output, nothing else."""
+    local, whole = B * (SP_S // t) * D * 8, B * SP_S * D * 8
+    want = [("all_gather", local), ("reduce_scatter", whole)]
+    got = [(c.op, c.nbytes) for c in calls]
+    if any(op == "all_reduce" for op, _ in got):
+        raise CheckFailed(f"{what}, t={t}: the forward made {got}; an all-reduce after fc2 hands every rank the whole "
+                          f"sequence, as tensor parallelism alone does. Under sequence parallelism reduce-scatter it "
+                          f"along the sequence, so each rank keeps the sum for its own positions ({whole} bytes in, "
+                          f"{local} out)")
+    expect(got == want, f"{what}, t={t}: the forward made {got}; it needs {want}: the norm on this rank's "
+                        f"positions, one all-gather of its output before fc1 (the column-parallel layer needs the "
+                        f"whole sequence), one reduce-scatter of fc2's partial output")
+
+
+def check_sp_forward(forward):
+    """Exercise 2.3: the sequence-parallel MLP sublayer's forward on t ranks."""
+    what = "Exercise 2.3"
+    for t in (1, 2, 3, 4):
+        full, x, dy = _sp_sublayer(t)
+        y_ref, _, _ = _sp_reference(full, x, dy)
+        world, out = _run(what, t, lambda c: forward(c, _sp_shard(full, c.rank, t), x[:, _positions(c.rank, t)].copy()),
+                          SP_LIBRARY)
+        for r, res in enumerate(out):
+            expect(isinstance(res, tuple) and len(res) == 2, f"{what}: return (y, cache)")
+            compare_arrays(f"{what}, t={t}, rank {r}, output (positions {_positions(r, t).start}.."
+                           f"{_positions(r, t).stop - 1})", res[0], y_ref[:, _positions(r, t)])
         if t > 1:
-            ops = [c.op for c in world.calls[0]]
-            expect(ops == ["all_gather", "reduce_scatter"], f"Exercise 2.3, t={t}: used {ops}; one all-gather and "
-                   f"one reduce-scatter, nothing else")
-    # plugged into the block: sequence parallelism equals one device, and its forward moves TP's bytes
-    blk = nn.TransformerBlock(D, A, FF, dtype=np.float64)
-    params = blk.init(np.random.default_rng(3))
-    x = np.random.default_rng(4).standard_normal((B, S, D))
-    y_ref, _ = blk.forward(params, x)
-    saved = SP.all_gather_dim, SP.reduce_scatter_dim
-    SP.all_gather_dim, SP.reduce_scatter_dim = all_gather_seq, reduce_scatter_seq
-    try:
-        sent = {}
-        for sp in (False, True):
-            def prog(comm):
-                tb = TensorParallelBlock(comm, D, A, FF, sequence_parallel=sp, act_dtype=np.float64)
-                sl = slice(comm.rank * S // 4, (comm.rank + 1) * S // 4) if sp else slice(None)
-                return tb.forward(tb.shard(params), x[:, sl])[0]
-
-            world = World(4)
-            out = run_on_emulator(world, prog, "Exercise 2.3")
-            y = np.concatenate(out, axis=1) if sp else out[0]
-            compare_arrays(f"Exercise 2.3, the block with sequence_parallel={sp}", y, y_ref)
-            sent[sp] = world.stats().bytes_sent[0]
-    finally:
-        SP.all_gather_dim, SP.reduce_scatter_dim = saved
-    expect(sent[True] == sent[False], f"Exercise 2.3: the block's forward sent {sent[True]} bytes per rank with "
-           f"sequence parallelism and {sent[False]} without; an all-gather plus a reduce-scatter should move what "
-           f"the all-reduce moved")
-    passed("Exercise 2.3", "all-gather and reduce-scatter along the sequence are right on 1, 2 and 4 ranks; with "
-           "them the block under sequence parallelism equals one device and its forward moves the all-reduces' "
-           f"bytes ({sent[True]:,d} per rank)")
+            _sp_forward_calls(what, t, world.calls[0])
+    passed(what, "the sequence-parallel sublayer equals one device on 1, 2, 3 and 4 ranks, each rank holding its "
+                 "positions; its forward is one all-gather and one reduce-scatter: an all-reduce's bytes")
 
 
-def check_sequence_parallel_grads(sync):
-    """Exercise 2.4: the all-reduce sequence parallelism needs for the norms' (and the
-    row-parallel biases') gradients."""
-    blk = nn.TransformerBlock(D, A, FF, dtype=np.float64)
-    params = blk.init(np.random.default_rng(5))
-    x = np.random.default_rng(6).standard_normal((B, S, D))
-    y_ref, cache = blk.forward(params, x)
-    dy = np.random.default_rng(7).standard_normal(y_ref.shape)
-    _, g_ref = blk.backward(params, cache, dy)
+def check_sp_backward(forward, backward):
+    """Exercise 2.4: its backward, with the all-reduce of the partial gradients."""
+    what = "Exercise 2.4"
+    regathered = set()
+    for t in (1, 2, 3, 4):
+        full, x, dy = _sp_sublayer(t)
+        _, dx_ref, g_ref = _sp_reference(full, x, dy)
 
-    class Student(TensorParallelBlock):
-        def sync_sequence_parallel_grads(self, grads):
-            return sync(self.comm, grads)
-
-    for t in (1, 2, 4):
         def prog(comm):
-            tb = Student(comm, D, A, FF, sequence_parallel=True, act_dtype=np.float64)
-            p = tb.shard(params)
-            sl = slice(comm.rank * S // t, (comm.rank + 1) * S // t)
-            _, c = tb.forward(p, x[:, sl])
-            return tb.backward(p, c, dy[:, sl])[1], tb.shard(g_ref)
+            mine = _positions(comm.rank, t)
+            p = _sp_shard(full, comm.rank, t)
+            _, cache = forward(comm, p, x[:, mine].copy())
+            return backward(comm, p, cache, dy[:, mine].copy())
 
-        world, out = _run("Exercise 2.4", t, prog, [TensorParallelBlock.sync_sequence_parallel_grads])
-        for r, (grads, want) in enumerate(out):
-            for k in want:
-                if not np.allclose(grads[k], want[k]):
-                    raise CheckFailed(f"Exercise 2.4, t={t}, rank {r}: the gradient of {k} is not the single-device "
-                                      f"one; under sequence parallelism which parameters saw only a slice of the "
-                                      f"sequence, and so hold partial sums?")
-    passed("Exercise 2.4", "with your all-reduce the norms' and the row-parallel biases' gradients equal one "
-           "device's on 1, 2 and 4 ranks: the replicas stay identical")
+        world, out = _run(what, t, prog, SP_LIBRARY)
+        for r, res in enumerate(out):
+            expect(isinstance(res, tuple) and len(res) == 2 and isinstance(res[1], dict),
+                   f"{what}: return (dx, grads), grads a dict keyed like p")
+            compare_arrays(f"{what}, t={t}, rank {r}, input gradient", res[0], dx_ref[:, _positions(r, t)])
+        want = [_sp_shard(g_ref, r, t) for r in range(t)]
+        for k in want[0]:
+            got = [res[1].get(k) for res in out]
+            if any(g is None for g in got):
+                raise CheckFailed(f"{what}: return a gradient for every parameter of p; {k} is missing")
+            if all(np.shape(g) == np.shape(w[k]) and np.allclose(g, w[k]) for g, w in zip(got, want)):
+                continue
+            if k in ("ln.g", "ln.b", "fc2.b") and np.allclose(np.sum(got, axis=0), want[0][k]):
+                raise CheckFailed(f"{what}, t={t}: the gradient of {k} on each rank is a part of the whole: the norm "
+                                  f"and the bias after the reduce-scatter saw only this rank's positions. All-reduce "
+                                  f"those gradients over the group (and only those)")
+            if k.startswith(("fc1.", "fc2.w")):
+                raise CheckFailed(f"{what}, t={t}: the gradient of {k} differs from one device's; this rank's slice "
+                                  f"of fc1 and fc2 saw the whole sequence (after the all-gathers), so its gradient is "
+                                  f"complete on the rank: do not sum it over the group")
+            compare_arrays(f"{what}, t={t}, gradient of {k}", got[0], want[0][k])
+        if t > 1:
+            calls = world.calls[0][2:]
+            local, whole = B * (SP_S // t) * D * 8, B * SP_S * D * 8
+            got = [(c.op, c.nbytes) for c in calls]
+            big = [c for c in calls if c.op == "all_reduce" and c.nbytes >= local]
+            expect(not big, f"{what}, t={t}: the backward all-reduces {big[0].nbytes if big else 0} bytes of "
+                            f"activations' gradients, as tensor parallelism alone does; under sequence parallelism "
+                            f"the input gradient of the all-gathered region is reduce-scattered along the sequence")
+            gathers = [n for op, n in got if op == "all_gather"]
+            scatters = [n for op, n in got if op == "reduce_scatter"]
+            small = [n for op, n in got if op == "all_reduce"]
+            expect(scatters == [whole] and gathers in ([local], [local, local]) and sum(small) <= 3 * D * 8
+                   and len(got) == len(gathers) + len(scatters) + len(small),
+                   f"{what}, t={t}: the backward made {got}; it needs one all-gather of the output gradient (the "
+                   f"reduce-scatter's backward, {local} bytes), one reduce-scatter of the input gradient (the "
+                   f"all-gather's backward, {whole} bytes), the all-reduce of the partial gradients, and, unless "
+                   f"the forward kept it, the all-gather of the norm's output again for fc1's weight gradient")
+            if len(gathers) == 2:
+                regathered.add(t)
+    how = ("gathered the norm's output again for fc1's weight gradient (bytes, as Megatron does)" if regathered else
+           "kept the gathered norm output from the forward (memory instead of bytes)")
+    passed(what, f"input gradient and every parameter's gradient equal one device's on 1 to 4 ranks; you {how}, and "
+                 f"all-reduced the norm's and fc2's bias gradients: the replicas stay identical")
 
 
 def check_vocab_parallel_cross_entropy(fn):
-    """Exercise 2.5: cross-entropy over vocabulary-split logits."""
-    vocab = 12
+    """Exercise 2.5: cross-entropy over vocabulary-split logits. Any traffic of a few
+    numbers per token passes (three all-reduces, or the sum of exponentials and the
+    target's logit fused in one (2, b, s) buffer, as Megatron does); moving the logits,
+    V/t numbers per token on each rank, does not."""
+    vocab, per_token = 96, 6  # at most 6 numbers per token sent in all; a rank's logits are 24 or more
     for t in (1, 2, 3, 4):
         rng = np.random.default_rng(10 + t)
         logits = rng.standard_normal((B, S, vocab)) * 3
@@ -201,12 +253,16 @@ def check_vocab_parallel_cross_entropy(fn):
             compare_arrays(f"Exercise 2.5, t={t}, rank {r}, gradient of the logits", grad,
                            grad_ref[..., r * n:(r + 1) * n])
         if t > 1:
-            big = [c for c in world.calls[0] if c.nbytes > B * S * 8]
-            if big:
-                raise CheckFailed(f"Exercise 2.5, t={t}: {big[0]!r} moves more than one number per token; the "
-                                  f"logits must not travel (max, sum of exponentials and the target's logit do)")
+            calls = world.calls[0]
+            numbers = sum(c.nbytes for c in calls) / 8
+            if numbers > per_token * B * S:
+                biggest = max(calls, key=lambda c: c.nbytes)
+                raise CheckFailed(f"Exercise 2.5, t={t}: rank 0's collectives carry {numbers:g} numbers for {B * S} "
+                                  f"tokens (the largest, {biggest!r}); the logits must not travel ({n} per token on "
+                                  f"each rank): the max, the sum of exponentials and the target's logit do, a few "
+                                  f"numbers per token")
     passed("Exercise 2.5", "vocabulary-parallel cross-entropy equals the single-device loss and gradient on 1 to 4 "
-           "ranks; only per-token numbers cross the ranks")
+           "ranks; only a few numbers per token cross the ranks")
 
 
 def _variants(name, fn, cases, model, unit, labels):

@@ -1,25 +1,29 @@
 """Checks for lesson 03 (pipeline parallelism).
 
-A schedule is checked by what it does, not by its text: it must be valid (each action
-once, in an order that can run, messages matched in order), and, executed on the
-emulator with equal stages and a free network, reach the formula's bubble with no more
-micro-batches in flight than 1F1B allows. The per-rank loop runs every kind of schedule
-and is compared with one device, its messages counted and its ledger read. While a
-check runs, the library's own schedules and loop refuse.
+A schedule is checked by what it does, not by its text: its actions must name existing
+micro-batches, it must be valid (each action once, in an order that can run, messages
+matched in order), and, executed with equal stages and a free network, reach the
+formula's bubble with no more micro-batches in flight than the schedule allows. The
+per-rank loop runs every kind of schedule and is compared with one device, its messages
+counted and its ledger read. While a check runs, the library's own schedules and loop
+refuse.
 """
+
+import math
 
 import numpy as np
 
 from .. import Topology, World, nn
 from ..accounting import pipeline as formulas
+from ..errors import RankError
 from ..parallel import pipeline as pp
 from ..parallel.pipeline import executor, schedules
 from ..training import synthetic_batches, train_single
 from .common import CheckFailed, compare_arrays, expect, passed, run_on_emulator
-from .napkins import variants
 from .refuse import refusing
 
-SCHEDULES = (schedules.schedule, schedules.one_f_one_b, schedules.gpipe, schedules.interleaved_1f1b)
+SCHEDULES = (schedules.schedule, schedules.one_f_one_b, schedules.gpipe, schedules.interleaved_1f1b,
+             schedules.zb_h1)
 LOOP = (executor.run_actions,)
 SYNC = (executor.sync_dp_grads,)
 FORMULAS = (formulas.micro_batches_for_bubble, formulas.pipeline_bubble)
@@ -43,18 +47,36 @@ def _activation_counts(run):
     return out
 
 
+def _check_actions(what, s, p, m, kinds):
+    """The schedule's shape and names, before anything runs: one list per rank of
+    Action(kind, i) with kind in ``kinds`` and i a micro-batch that exists."""
+    expect(isinstance(s, (list, tuple)) and len(s) == p and all(isinstance(acts, (list, tuple)) for acts in s),
+           f"{what}, p={p}, m={m}: return one list of actions per rank ({p} lists), got {type(s).__name__}"
+           + (f" of {len(s)}" if isinstance(s, (list, tuple)) else ""))
+    for r, acts in enumerate(s):
+        for a in acts:
+            expect(isinstance(a, pp.Action) and a.kind in kinds and a.chunk == 0,
+                   f"{what}, p={p}, m={m}: rank {r} has {a!r}; write Action(kind, microbatch) with kind in "
+                   f"{'/'.join(kinds)}")
+        bad = [str(a) for a in acts if not (isinstance(a.microbatch, (int, np.integer)) and 0 <= a.microbatch < m)]
+        if bad:
+            raise CheckFailed(
+                f"{what}, p={p}, m={m}: rank {r} has {' '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}, but the "
+                f"micro-batches are 0..{m - 1}. With fewer micro-batches than the warm-up wants (m < p - 1 - rank), "
+                f"a rank can only run the m that exist: warm up with min(p - 1 - rank, m) forwards")
+
+
 def check_one_f_one_b(fn):
     """Exercise 3.1: fn(p, m) -> the 1F1B schedule, a list per rank of Action("F"/"B", i)."""
     what = "Exercise 3.1"
-    for p, m in [(1, 1), (1, 3), (2, 1), (2, 5), (3, 2), (4, 8), (5, 12), (8, 8)]:
+    for p, m in [(1, 1), (1, 3), (2, 1), (2, 5), (3, 2), (4, 2), (4, 8), (5, 12), (6, 3), (8, 2), (8, 8)]:
         with refusing(what, *SCHEDULES):
             s = fn(p, m)
+        _check_actions(what, s, p, m, "FB")
         try:
             pp.validate(s, p=p, m=m, v=1)
         except pp.ScheduleError as exc:
             raise CheckFailed(f"{what}, p={p}, m={m}: the schedule cannot run: {exc}") from None
-        expect(all(a.kind in "FB" for acts in s for a in acts), f"{what}: 1F1B has F and B actions only (its B is the "
-                                                                f"whole backward); W belongs to zero-bubble schedules")
         model, params = tiny(p)
         x = np.zeros((m, 2), dtype=np.int64)
         world = World(p, topology=FREE)
@@ -68,8 +90,8 @@ def check_one_f_one_b(fn):
             expect(held <= limit + 1e-9, f"{what}, p={p}, m={m}: rank {r} holds {held:g} micro-batches of activations "
                    f"at its peak; 1F1B holds at most p - rank = {limit} (GPipe holds all m): after p - 1 - rank "
                    f"warm-up forwards, alternate one forward and one backward")
-    passed(what, "valid for 8 shapes (m < p included); executed, the bubble is (p-1)/(m+p-1) and rank r holds at "
-           "most p - r micro-batches")
+    passed(what, "valid for 11 shapes (m < p - 1 included); executed, the bubble is (p-1)/(m+p-1) and rank r holds "
+           "at most p - r micro-batches")
 
 
 def _run_schedule(what, world, model, params, s, x):
@@ -77,6 +99,43 @@ def _run_schedule(what, world, model, params, s, x):
         return pp.run(world, model, params, s, x, x, costs=COSTS)
     except Exception as exc:  # noqa: BLE001 -- the emulator's report
         raise CheckFailed(f"{what}: the schedule failed on the emulator:\n{exc}") from None
+
+
+class _WatchedStage:
+    """The stage a student's loop gets, checking what each forward is given: the
+    micro-batch's tokens on the first stage, received activations on every other."""
+
+    def __init__(self, stage, label):
+        self._stage, self._label = stage, label
+
+    def __getattr__(self, name):
+        return getattr(self._stage, name)
+
+    def forward(self, action, x, y=None):
+        st = self._stage
+        first = st.is_first(action.chunk)
+        tokens = x is not None and np.issubdtype(np.asarray(x).dtype, np.integer)
+        where = (f"{self._label}: rank {st.rank} ran {action} (chunk {action.chunk}, virtual stage "
+                 f"{st.virtual_stage(action.chunk)} of {st.p * st.v})")
+        if first and not tokens:
+            raise CheckFailed(f"{where} on {'nothing' if x is None else 'received activations'}; the first stage "
+                              f"reads the micro-batch's tokens, micro_x[{action.microbatch}] "
+                              f"(stage.is_first(a.chunk) says which stage that is)")
+        if not first and tokens:
+            raise CheckFailed(f"{where} on the micro-batch's tokens; only the first stage reads them, every other "
+                              f"stage runs on the activations it received. With interleaving rank 0 also holds "
+                              f"later stages: test stage.is_first(a.chunk), not the rank")
+        if not first and x is None:
+            raise CheckFailed(f"{where} on nothing; a stage after the first runs on the activations it received "
+                              f"from stage.source(a)")
+        return st.forward(action, x, y)
+
+
+def _watching(loop, label):
+    def watched(comm, stage, actions, micro_x, micro_y):
+        return loop(comm, _WatchedStage(stage, label), actions, micro_x, micro_y)
+
+    return watched
 
 
 def _reference_grads(model, params, x, y):
@@ -95,14 +154,20 @@ def check_stage_loop(loop):
         s = pp.schedule(name, p, m, v)
         reference = pp.run(World(p), model, params, s, x, y)  # the library's loop: the least memory it needs
         world = World(p)
+        label = f"{what}, {name} p={p} m={m}" + (f" v={v}" if v > 1 else "")
         with refusing(what, *LOOP):
             try:
-                run = pp.run(world, model, params, s, x, y, loop=loop)
+                run = pp.run(world, model, params, s, x, y, loop=_watching(loop, label))
             except Exception as exc:  # noqa: BLE001
-                if isinstance(getattr(exc, "original", None), NotImplementedError):
-                    raise exc.original from None
-                raise CheckFailed(f"{what}, {name} p={p} m={m}: the loop failed on the emulator:\n{exc}") from None
-        label = f"{what}, {name} p={p} m={m}" + (f" v={v}" if v > 1 else "")
+                original = exc.original if isinstance(exc, RankError) else None
+                if isinstance(original, (NotImplementedError, CheckFailed)):
+                    raise original from None
+                hint = ("\nSeparately issued isend/irecv between two neighbours run in issue order on NCCL (one "
+                        "stream per pair of ranks), so each rank's send waits in front of the receive that would "
+                        "let the other's finish, and a cluster hangs the same way. Post each receive together "
+                        "with the sends before it, in one comm.batch_isend_irecv([...])."
+                        if "issued separately" in str(exc) else "")
+                raise CheckFailed(f"{label}: the loop failed on the emulator:\n{exc}{hint}") from None
         ref = _reference_grads(model, params, x, y)
         got = run.grads()
         expect(set(got) == set(ref), f"{label}: the stages hold gradients for {sorted(got)}; expected every "
@@ -127,9 +192,58 @@ def check_stage_loop(loop):
            "2m(pv-1) messages, activations freed as soon as each backward is done")
 
 
-def check_dp_sync(sync):
-    """Exercise 3.3: sync(dp_comm, grads) -> gradients averaged over the data-parallel group."""
+def check_zb_h1(fn):
+    """Exercise 3.3: fn(p, m) -> ZB-H1, a list per rank of Action("F"/"B"/"W", i): 1F1B's
+    forwards and input-gradient passes, the weight-gradient passes deferred into the
+    slots where 1F1B's rank would wait."""
     what = "Exercise 3.3"
+    shapes = [(1, 2), (2, 3), (3, 2), (4, 2), (4, 4), (4, 8), (5, 7), (6, 3), (6, 12)]
+    cost_sets = [(1, 1, 1), (1, 2, 1), (2, 2, 1), (1, 1.5, 0.5)]
+    for p, m in shapes:
+        with refusing(what, *SCHEDULES):
+            s = fn(p, m)
+        _check_actions(what, s, p, m, "FBW")
+        try:
+            _, _, _, split = pp.validate(s, p=p, m=m, v=1)
+        except pp.ScheduleError as exc:
+            raise CheckFailed(f"{what}, p={p}, m={m}: the schedule cannot run: {exc}") from None
+        expect(split, f"{what}, p={p}, m={m}: the schedule has no W actions; split every backward into B (the "
+                      f"input gradient, which the previous stage waits for) and W (the weight gradient)")
+        for costs in cost_sets:
+            got = pp.bubble_of(pp.simulate(s, costs))
+            want = formulas.pipeline_bubble(p, m, schedule="zb_h1", costs=costs)
+            if got > want + 1e-9:
+                raise CheckFailed(
+                    f"{what}, p={p}, m={m}, F:B:W = {costs[0]:g}:{costs[1]:g}:{costs[2]:g}: the bubble is "
+                    f"{got:.2%}; ZB-H1's is {want:.2%}. Run each B as early as 1F1B does and defer W's into the "
+                    f"slots where the rank would wait: rank r holds back r of them and runs them at the end")
+        held, limit = pp.in_flight(s), min(p, m)
+        for r, n in enumerate(held):
+            expect(n <= limit, f"{what}, p={p}, m={m}: rank {r} holds {n} micro-batches' activations until their W; "
+                               f"ZB-H1 holds at most {limit} (as many as 1F1B's first stage): rank r defers only r "
+                               f"W's, and runs each as soon as it is no longer needed to fill a gap")
+    p, m = 4, 8
+    model, params = tiny(p)
+    x = np.zeros((m, 2), dtype=np.int64)
+    with refusing(what, *SCHEDULES):
+        s = fn(p, m)
+    world = World(p, topology=FREE)
+    run = _run_schedule(what, world, model, params, s, x)
+    want = formulas.pipeline_bubble(p, m, schedule="zb_h1", costs=COSTS)
+    expect(abs(run.bubble - want) < 1e-9, f"{what}, p={p}, m={m}: executed on the emulator the bubble is "
+           f"{run.bubble:.2%}; ZB-H1's is {want:.2%}")
+    for r, led in enumerate(world.memory):
+        left = led.current["activations"]
+        expect(left == 0, f"{what}: rank {r} still holds {left} bytes of activations after the step: every "
+                          f"micro-batch needs its W")
+    passed(what, f"valid for {len(shapes)} shapes (m < p included), W split from B; the bubble is ZB-H1's for "
+           f"F:B:W = 1:1:1, 1:2:1, 2:2:1 and 1:1.5:0.5 (p=4, m=8, 1:1:1: {want:.1%} on the emulator, 1F1B's "
+           f"{formulas.pipeline_bubble(p, m):.1%}), holding at most min(p, m) micro-batches")
+
+
+def check_dp_sync(sync):
+    """Exercise 3.4: sync(dp_comm, grads) -> gradients averaged over the data-parallel group."""
+    what = "Exercise 3.4"
     for mesh, name, m, v in [({"dp": 2, "pp": 2}, "1f1b", 2, 1), ({"dp": 4, "pp": 2}, "interleaved_1f1b", 2, 2),
                              ({"dp": 3, "pp": 1}, "gpipe", 1, 1)]:
         model, params = tiny(mesh["pp"] * v)
@@ -155,20 +269,63 @@ def check_dp_sync(sync):
            "interleaved, dp 3 alone), averaging over the dp group only")
 
 
+def _napkin(name, fn, cases, model, labels, hint):
+    """A napkin answer called with the problem's own numbers (its defaults) and with the
+    other ``cases``; counts compared exactly, fractions to 1e-6. ``hint(case, i, got)``
+    names the likely mistake when number ``i`` is wrong. Returns the model's first answer."""
+    for k, case in enumerate(cases):
+        with refusing(name, *FORMULAS):
+            got = fn() if k == 0 else fn(**case)
+        want = model(**case)
+        expect(isinstance(got, tuple) and len(got) == len(want), f"{name}: return {len(want)} numbers: "
+                                                                 f"{', '.join(labels)}")
+        args = ", ".join(f"{key}={v:g}" for key, v in case.items())
+        for i, (label, g, w) in enumerate(zip(labels, got, want)):
+            try:
+                g = float(g)
+            except (TypeError, ValueError):
+                raise CheckFailed(f"{name} ({label}, {args}): expected a number, got {g!r}") from None
+            if g == w if isinstance(w, int) else abs(g - w) <= 1e-6 * abs(w):
+                continue
+            shown = (f"{w}", f"{g:g}") if isinstance(w, int) else (f"{w:.4g}", f"{g:.4g}")
+            raise CheckFailed(f"{name} ({label}, {args}): expected {shown[0]}, got {shown[1]}{hint(case, i, got)}")
+    return model(**cases[0])
+
+
+PROBLEM_8_2_CASES = [dict(p=12, target=0.05, seqs_per_micro=4), dict(p=8, target=0.03, seqs_per_micro=2),
+                     dict(p=10, target=0.07, seqs_per_micro=4), dict(p=16, target=0.02, seqs_per_micro=1),
+                     dict(p=24, target=0.08, seqs_per_micro=8)]
+
+
+def problem_8_2_answer(p, target, seqs_per_micro):
+    """Model answer of Problem 8.2: (m over ideal time, sequences, m over the total step)."""
+    m = formulas.micro_batches_for_bubble(p, target, of="ideal")
+    return m, m * seqs_per_micro, formulas.micro_batches_for_bubble(p, target, of="total")
+
+
+def _rounding_hint(case, i, got):
+    p, target = case["p"], case["target"]
+    bound = {0: (p - 1) / target, 2: (p - 1) * (1 - target) / target}.get(i)
+    if bound is None or float(bound).is_integer():
+        return ""
+    if float(got[i]) == math.floor(bound):
+        return (f": m must reach {bound:.4g}; {math.floor(bound)} micro-batches leave the bubble above the target, "
+                f"so round up")
+    if abs(float(got[i]) - bound) < 1e-6:
+        return f": a number of micro-batches is whole; round {bound:.4g} up"
+    return ""
+
+
 def problem_8_2(fn):
-    """fn(p, target, seqs_per_micro) -> (m over ideal time, sequences, m over total time)."""
-    cases = [dict(p=12, target=0.05, seqs_per_micro=4), dict(p=8, target=0.1, seqs_per_micro=2),
-             dict(p=16, target=0.02, seqs_per_micro=1), dict(p=24, target=0.05, seqs_per_micro=8)]
-
-    def model(p, target, seqs_per_micro):
-        m = formulas.micro_batches_for_bubble(p, target, of="ideal")
-        return m, m * seqs_per_micro, formulas.micro_batches_for_bubble(p, target, of="total")
-
-    m, n, m_total = variants("Problem 8.2", fn, cases, model, "", ("micro-batches, bubble over ideal time",
-                                                                    "sequences", "micro-batches, idle share of the "
-                                                                                 "step"), FORMULAS, rel=0)
-    passed("Problem 8.2", f"{m} micro-batches of 4 = {n} sequences per pipeline (bubble over ideal time); "
-           f"{m_total} if the 5% is the idle share of the whole step")
+    """fn(p, target, seqs_per_micro) -> (m over ideal time, sequences, m over total time).
+    Called with the problem's numbers and with others, some where (p-1)/target is not a
+    whole number (so rounding down fails); each count compared exactly."""
+    m, n, m_total = _napkin("Problem 8.2", fn, PROBLEM_8_2_CASES, problem_8_2_answer,
+                            ("micro-batches, bubble over the ideal time", "sequences",
+                             "micro-batches, idle share of the step"), _rounding_hint)
+    passed("Problem 8.2", f"{m} micro-batches of 4 = {n} sequences per pipeline (bubble over ideal time); {m_total} "
+                          f"if the 5% is the idle share of the whole step; right for {len(PROBLEM_8_2_CASES)} cases, "
+                          f"rounding included")
 
 
 def memory_vs_bubble(p, per_micro_batch, budget, max_m):
@@ -178,14 +335,32 @@ def memory_vs_bubble(p, per_micro_batch, budget, max_m):
     return (m_gpipe, formulas.pipeline_bubble(p, m_gpipe), m_1f1b, formulas.pipeline_bubble(p, m_1f1b))
 
 
+NAPKIN_3_1_CASES = [dict(p=8, per_micro_batch=2e9, budget=40e9, max_m=256),
+                    dict(p=4, per_micro_batch=3e9, budget=30e9, max_m=64),
+                    dict(p=16, per_micro_batch=2e9, budget=24e9, max_m=256),  # p micro-batches do not fit
+                    dict(p=4, per_micro_batch=1e9, budget=80e9, max_m=32),  # the batch caps GPipe before memory
+                    dict(p=6, per_micro_batch=5e9, budget=52e9, max_m=128)]
+
+
+def _memory_hint(case, i, got):
+    p, per, budget, max_m = case["p"], case["per_micro_batch"], case["budget"], case["max_m"]
+    fits = int(budget // per)
+    if i == 0 and float(got[0]) == fits > max_m:
+        return f": the memory holds {fits}, but the batch has only {max_m} micro-batches"
+    if i == 2 and float(got[2]) == max_m and p * per > budget:
+        return (f": 1F1B's first stage holds min(p, m) micro-batches, and {p} of them ({p * per:.3g} bytes) do not "
+                f"fit in {budget:.3g}; with fewer than p in flight it can run only as many as GPipe")
+    if i == 2 and float(got[2]) == fits and p * per <= budget:
+        return ": 1F1B's first stage holds at most p micro-batches whatever m, so m is limited by the batch only"
+    return ""
+
+
 def napkin_memory_vs_bubble(fn):
-    """fn(p, per_micro_batch, budget, max_m) -> (m GPipe, bubble GPipe, m 1F1B, bubble 1F1B)."""
-    cases = [dict(p=8, per_micro_batch=2e9, budget=40e9, max_m=256), dict(p=4, per_micro_batch=3e9, budget=30e9,
-                                                                          max_m=64),
-             dict(p=16, per_micro_batch=1e9, budget=24e9, max_m=512), dict(p=6, per_micro_batch=5e9, budget=52e9,
-                                                                           max_m=128)]
-    ans = variants("Napkin 3.1", fn, cases, memory_vs_bubble, "", ("GPipe's micro-batches", "GPipe's bubble",
-                                                                    "1F1B's micro-batches", "1F1B's bubble"),
-                   FORMULAS, rel=1e-6)
+    """fn(p, per_micro_batch, budget, max_m) -> (m GPipe, bubble GPipe, m 1F1B, bubble 1F1B).
+    The cases include a budget that cannot hold p micro-batches (1F1B is then no better
+    than GPipe) and one that holds more than the batch has (GPipe stops at max_m)."""
+    ans = _napkin("Napkin 3.1", fn, NAPKIN_3_1_CASES, memory_vs_bubble,
+                  ("GPipe's micro-batches", "GPipe's bubble", "1F1B's micro-batches", "1F1B's bubble"), _memory_hint)
     passed("Napkin 3.1", f"GPipe fits {ans[0]} micro-batches (bubble {ans[1]:.1%}); 1F1B holds p of them whatever m, "
-           f"so it runs {ans[2]} (bubble {ans[3]:.1%})")
+           f"so it runs {ans[2]} (bubble {ans[3]:.1%}); right for {len(NAPKIN_3_1_CASES)} cases, including a budget "
+           f"too small for p micro-batches and a batch smaller than the budget")

@@ -7,6 +7,7 @@ and grades answer files.
 """
 
 import hashlib
+from fractions import Fraction
 
 import numpy as np
 
@@ -51,15 +52,21 @@ def problem_8_1(rng):
 
 
 def problem_8_2(rng):
-    return {"p": _pick(rng, [6, 8, 12, 16, 24, 32]), "target": _pick(rng, [0.02, 0.04, 0.05, 0.1]),
-            "seqs_per_micro": _pick(rng, [1, 2, 4, 8])}
+    """(p-1)/target is never whole, so rounding the count down instead of up is wrong."""
+    while True:
+        p, target = _pick(rng, [6, 8, 12, 16, 24, 32]), _pick(rng, [0.03, 0.04, 0.06, 0.07, 0.08, 0.09])
+        if (Fraction(p - 1) / Fraction(str(target))).denominator != 1:
+            return {"p": p, "target": target, "seqs_per_micro": _pick(rng, [1, 2, 4, 8])}
 
 
 def napkin_3_1(rng):
+    """Two budgets: ``budget`` holds fewer than p micro-batches (1F1B gains nothing over
+    GPipe), ``budget_2`` more than the batch has (GPipe stops at max_m)."""
     p = _pick(rng, [4, 6, 8, 12, 16])
     per = _pick(rng, [0.5e9, 1e9, 2e9, 3e9])
-    return {"p": p, "per_micro_batch": per, "budget": per * int(rng.integers(p, 4 * p)) + 0.5e9,
-            "max_m": _pick(rng, [64, 128, 256, 512])}
+    max_m = _pick(rng, [64, 128, 256, 512])
+    return {"p": p, "per_micro_batch": per, "budget": per * (int(rng.integers(p // 2, p)) + 0.5),
+            "budget_2": per * (max_m + int(rng.integers(1, max_m))) + 0.5 * per, "max_m": max_m}
 
 
 def problem_8_3(rng):
@@ -125,7 +132,8 @@ PROBLEMS = {
     "Napkin 3.1": (napkin_3_1, "A {p}-stage pipeline's first stage can spend {budget:g} bytes on activations; one "
                                "micro-batch costs it {per_micro_batch:g} bytes; the global batch allows at most "
                                "{max_m} micro-batches. The most micro-batches GPipe can run and its bubble (idle share "
-                               "of the step), then the same for 1F1B. Answer: [m, bubble, m, bubble]."),
+                               "of the step), then the same for 1F1B. Then again with {budget_2:g} bytes. Answer: "
+                               "[m, bubble, m, bubble] for the first budget, then the same four for the second."),
     "Problem 8.3": (problem_8_3, "A transformer layer of width {h} runs micro-batches of {b} sequences of {s} tokens in "
                                  "bf16. Bytes each GPU sends per layer (forward and backward) with tensor parallelism "
                                  "over {t} GPUs, and bytes of activations one pipeline boundary passes forward per "
@@ -186,7 +194,8 @@ def model_answer(problem, p):
     if problem == "Napkin 3.1":
         from .lesson03 import memory_vs_bubble
 
-        return list(memory_vs_bubble(**p))
+        one = {k: v for k, v in p.items() if k != "budget_2"}
+        return list(memory_vs_bubble(**one)) + list(memory_vs_bubble(**dict(one, budget=p["budget_2"])))
     if problem == "Problem 8.3":
         return [activations.tp_bytes_per_layer(**p, dtype_bytes=2), activations.pp_bytes_per_boundary(
             p["b"], p["s"], p["h"], 2)]

@@ -6,9 +6,13 @@
   ``p - 1 - r`` warm-up forwards, then alternates one forward and one backward, then
   drains the remaining backwards. The bubble is GPipe's; a stage holds at most ``p - r``
   micro-batches.
-* **Interleaved 1F1B** (Narayanan et al. 2021): ``v`` chunks per rank, Megatron's order
-  (micro-batches in groups of ``p``, cycling through the chunks); the bubble shrinks by
-  ``v`` for ``v`` times the point-to-point messages. Needs ``m`` a multiple of ``p``.
+* **Interleaved 1F1B** (Narayanan et al. 2021): ``v`` chunks per rank; the micro-batches
+  run in rounds, each round through every chunk in turn; the bubble shrinks by ``v`` for
+  ``v`` times the point-to-point messages. Rounds as torch's ``ScheduleInterleaved1F1B``
+  makes them (torch/distributed/pipelining/schedules.py): ``max(1, m // p)`` rounds of
+  ``g = m / rounds`` micro-batches, which must divide ``m``. With ``m`` a multiple of
+  ``p`` that is Megatron's order (rounds of ``p``); ``m`` need not be a multiple of ``p``,
+  and ``m < p`` is one round of ``m``.
 * **ZB-H1** (Qi et al., "Zero Bubble Pipeline Parallelism", 2023): 1F1B's order of
   forwards and input-gradient backwards ``B``; rank ``r`` holds back ``r`` weight-gradient
   passes ``W`` and runs them where 1F1B's rank ``r`` would wait for gradients. Rank ``r``
@@ -17,6 +21,7 @@
   shrinks from ``(p-1)(t_f+t_b+t_w)`` to ``(p-1)(t_f+t_b-t_w)``.
 """
 
+from ...accounting.pipeline import interleaved_rounds
 from ...errors import ConfigError
 from .actions import Action
 
@@ -40,24 +45,26 @@ def one_f_one_b(p, m):
 
 
 def interleaved_1f1b(p, m, v):
-    """Megatron's order: the k-th forward of a rank is micro-batch ``(k // (p v)) p + k % p``
-    on chunk ``(k // p) % v``; backwards the same with the chunks reversed. Warm-up:
-    ``2 (p - 1 - r) + (v - 1) p`` forwards."""
+    """Rounds of ``g`` micro-batches (:func:`interleaved_rounds`): the k-th forward of a
+    rank is micro-batch ``(k // (g v)) g + k % g`` on chunk ``(k // g) % v``; backwards the
+    same with the chunks reversed. Warm-up: ``2 (p - 1 - r) + (v - 1) g`` forwards (with
+    ``g = p``, Megatron's order and warm-up)."""
     total = m * v
+    _, g = interleaved_rounds(p, m)
 
     def forward(k):
-        return Action("F", (k // (p * v)) * p + k % p, (k // p) % v)
+        return Action("F", (k // (g * v)) * g + k % g, (k // g) % v)
 
     def backward(k):
-        return Action("B", (k // (p * v)) * p + k % p, v - 1 - (k // p) % v)
+        return Action("B", (k // (g * v)) * g + k % g, v - 1 - (k // g) % v)
 
     out = []
     for r in range(p):
-        warmup = min(2 * (p - 1 - r) + (v - 1) * p, total)
+        warmup = min(2 * (p - 1 - r) + (v - 1) * g, total)  # warm-up
         acts = [forward(k) for k in range(warmup)]
-        for k in range(total - warmup):
+        for k in range(total - warmup):  # steady state
             acts += [forward(warmup + k), backward(k)]
-        acts += [backward(k) for k in range(total - warmup, total)]
+        acts += [backward(k) for k in range(total - warmup, total)]  # cooldown
         out.append(acts)
     return out
 
@@ -91,9 +98,6 @@ def schedule(name, p, m, v=1):
         if v < 2:
             raise ConfigError(f"schedule: interleaved_1f1b needs v >= 2 chunks per rank, got v={v} "
                               f"(with one chunk it is plain 1f1b)")
-        if m % p:
-            raise ConfigError(f"schedule: interleaved_1f1b needs the micro-batches to be a multiple of the "
-                              f"pipeline size, as Megatron does: m={m} with p={p} (try m={p * -(-m // p)})")
         return interleaved_1f1b(p, m, v)
     if v != 1:
         raise ConfigError(f"schedule: {name} has one chunk per rank (v=1), got v={v}; "
