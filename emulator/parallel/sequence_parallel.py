@@ -59,13 +59,6 @@ def reduce_scatter_to_sequence_parallel_region_backward(comm, dy_local):
     return all_gather_dim(comm, dy_local)
 
 
-# the names tp_block.py calls
-gather_from_sp_region = gather_from_sequence_parallel_region
-gather_from_sp_region_backward = gather_from_sequence_parallel_region_backward
-reduce_scatter_to_sp_region = reduce_scatter_to_sequence_parallel_region
-reduce_scatter_to_sp_region_backward = reduce_scatter_to_sequence_parallel_region_backward
-
-
 def sequence_slice(comm, s):
     """This rank's slice of a sequence of length s (s must divide by the group size)."""
     if s % comm.size:

@@ -50,10 +50,8 @@ class ParallelAttention(ColumnThenRow):
         self.r.comm.compute(kernel=gemm(rows, n, k, count=count), name=what)
 
     def forward(self, P, x):
-        c = {"q, k, v projections' input": self.keep(x)}
         xg = self.r.gather(x)  # (b, s, d)
-        if self.keep_gathered:
-            c["gathered input"] = self.keep(xg)
+        c = {"q, k, v projections' input": self.keep(xg if self.keep_gathered else x)}
         rows = xg.shape[0] * xg.shape[1]
         q = self._heads(xg @ P["q.w"] + P["q.b"], self.heads)
         k, v = (self._heads(xg @ P[f"{n}.w"] + P[f"{n}.b"], self.kv_heads) for n in "kv")
@@ -80,9 +78,8 @@ class ParallelAttention(ColumnThenRow):
 
     def _gathered_input(self, c, dtype, async_op=False):
         """The projections' whole input for their weight gradients: kept, or gathered again."""
-        if "gathered input" in c:
-            return ready(c["gathered input"].astype(dtype, copy=False), async_op)
-        return self.r.gather(c["q, k, v projections' input"].astype(dtype, copy=False), async_op=async_op)
+        x = c["q, k, v projections' input"].astype(dtype, copy=False)
+        return ready(x, async_op) if self.keep_gathered else self.r.gather(x, async_op=async_op)
 
     def _weight_grads(self, c, do, dy_local, dqkv, xg):
         ctx = c["output projection input"].astype(do.dtype, copy=False)

@@ -41,10 +41,8 @@ class ParallelMLP(ColumnThenRow):
         self.r.comm.compute(kernel=gemm(m, n, k, count=count), name=what)
 
     def forward(self, P, x):
-        c = {"fc1 input": self.keep(x)}
         xg = self.r.gather(x)
-        if self.keep_gathered:
-            c["gathered input"] = self.keep(xg)
+        c = {"fc1 input": self.keep(xg if self.keep_gathered else x)}
         rows = xg.shape[0] * xg.shape[1]
         self._gemm(rows, self.ff, self.d, "MLP in", count=len(self.widen))
         if self.kind == "gelu":
@@ -79,9 +77,8 @@ class ParallelMLP(ColumnThenRow):
         return sum(g @ P[f"{n}.w"].T for n, g in zip(self.widen, dw))
 
     def _gathered_input(self, c, dtype, async_op=False):
-        if "gathered input" in c:
-            return ready(c["gathered input"].astype(dtype, copy=False), async_op)
-        return self.r.gather(c["fc1 input"].astype(dtype, copy=False), async_op=async_op)
+        x = c["fc1 input"].astype(dtype, copy=False)
+        return ready(x, async_op) if self.keep_gathered else self.r.gather(x, async_op=async_op)
 
     def _weight_grads(self, c, dz, dy_local, dw, xg):
         rows = dz.shape[0] * dz.shape[1]
