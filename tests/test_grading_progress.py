@@ -96,7 +96,7 @@ def test_a_students_exception_inside_a_check_keeps_the_students_frames_only():
     with pytest.raises(CheckFailed) as info:
         g3.check_one_f_one_b(returns_a_number)
     shown = info.value._render_traceback_()
-    assert "the check stopped on" in shown[0] or "cannot run" in shown[0]
+    assert shown[0].startswith("CheckFailed: Exercise 3.1") and "got int" in shown[0]  # the message first
 
 
 def test_a_passing_check_is_recorded_and_the_summary_passes(capsys):
@@ -157,7 +157,7 @@ def test_a_napkin_with_an_integer_answer_compares_it_exactly():
         m = min(int(budget // per_micro_batch), max_m) + 1
         return m, (p - 1) / (m + p - 1), max_m, (p - 1) / (max_m + p - 1)
 
-    with pytest.raises(CheckFailed, match=r"GPipe's micro-batches.*expected 20, got 21 \(a whole number"):
+    with pytest.raises(CheckFailed, match=r"GPipe's micro-batches.*expected 20, got 21"):
         g3.napkin_memory_vs_bubble(one_more)
 
 

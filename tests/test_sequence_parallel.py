@@ -32,10 +32,3 @@ def test_regions_gather_and_reduce_scatter_along_the_sequence(t):
         np.testing.assert_allclose(grad_back, whole)  # the reduce-scatter's backward: all-gather
     if t > 1:
         assert [c.op for c in world.calls[0]] == ["all_gather", "reduce_scatter", "reduce_scatter", "all_gather"]
-
-
-def test_the_short_names_the_block_calls_are_the_same_functions():
-    assert SP.gather_from_sp_region is SP.gather_from_sequence_parallel_region
-    assert SP.reduce_scatter_to_sp_region is SP.reduce_scatter_to_sequence_parallel_region
-    assert SP.gather_from_sp_region_backward is SP.gather_from_sequence_parallel_region_backward
-    assert SP.reduce_scatter_to_sp_region_backward is SP.reduce_scatter_to_sequence_parallel_region_backward

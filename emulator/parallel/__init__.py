@@ -1,4 +1,10 @@
-"""Parallel strategies, one idea per file, composable with :mod:`emulator.training`.
+"""Parallel strategies, one idea per file, that compose on one mesh.
+
+The mesh runtime: :class:`ParallelDims` (``dims.py``) describes a run; every parameter has
+a :class:`Placement` (``placement.py``); :func:`run_on_mesh` (``runtime.py``) trains an
+``nn.GPT`` with every axis at once (data, tensor, sequence, pipeline, context and expert
+parallelism, ZeRO inside pipeline stages), equal to one device, or without data at full
+scale (``shape_only=True``).
 
 Data parallelism, the ZeRO ladder side by side (each readable alone):
 
