@@ -44,6 +44,7 @@ from .mesh_model import RankModel, check_model
 from .pipeline import PipelineStage, run_actions, schedule, split_layers
 from .pipeline.actions import stage_of
 from .placement import shard, unshard
+from .tp_regions import all_reduce_together
 
 
 class _Units:
@@ -107,13 +108,8 @@ class MeshHooks:
         return self._gather(layer, upcoming, "params_for_backward")
 
     def grads_ready(self, layer, grads, last):
-        partial = self.partial[layer]
-        if partial and self.tp.size > 1:  # partial sums over tp (sequence parallelism): add them up
-            flat = self.tp.all_reduce(np.concatenate([grads[k].reshape(-1) for k in partial]))
-            grads, i = dict(grads), 0
-            for k in partial:
-                grads[k] = flat[i:i + grads[k].size].reshape(grads[k].shape)
-                i += grads[k].size
+        if self.partial[layer] and self.tp.size > 1:  # partial sums over tp (sequence parallelism): add them up
+            grads = all_reduce_together(self.tp, grads, self.partial[layer])
         for group, unit, keys in self._units_of(layer):
             self.strategies[group].grads_ready(unit, {k: grads[k] for k in keys}, last)
 

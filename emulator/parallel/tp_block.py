@@ -39,7 +39,7 @@ from .attention_cores import DenseCore
 from .placement import Placement, shard
 from .tp_attention import ParallelAttention
 from .tp_mlp import ParallelMLP
-from .tp_regions import TPRegions
+from .tp_regions import TPRegions, all_reduce_together
 
 RECOMPUTE = ("none", "selective", "full")
 NORMS = ("ln1.g", "ln1.b", "ln2.g", "ln2.b")
@@ -192,13 +192,7 @@ class TensorParallelBlock:
     def sync_sequence_parallel_grads(self, grads):
         """Under SP the norms and the row-parallel biases saw only this rank's slice of the
         sequence: their gradients are partial sums. One all-reduce of them all."""
-        partial = [k for k, pl in self.placements().items() if "tp" in pl.partial]
-        flat = self.comm.all_reduce(np.concatenate([grads[k].reshape(-1) for k in partial]))
-        out, i = dict(grads), 0
-        for k in partial:
-            out[k] = flat[i:i + grads[k].size].reshape(grads[k].shape)
-            i += grads[k].size
-        return out
+        return all_reduce_together(self.comm, grads, [k for k, pl in self.placements().items() if "tp" in pl.partial])
 
     def flops(self, x_shape):
         """Matrix FLOPs of this rank's share, for a (local) input of ``x_shape``."""

@@ -56,6 +56,17 @@ def _back(y):
     return np.moveaxis(y, 0, SEQ)
 
 
+def all_reduce_together(comm, tensors, keys):
+    """``tensors`` with those of ``keys`` summed over ``comm``, in one all-reduce of all
+    of them laid end to end (small tensors: one call's latency, not one each)."""
+    flat = comm.all_reduce(np.concatenate([tensors[k].reshape(-1) for k in keys]))
+    out, i = dict(tensors), 0
+    for k in keys:
+        out[k] = flat[i:i + tensors[k].size].reshape(tensors[k].shape)
+        i += tensors[k].size
+    return out
+
+
 class TPRegions:
     """The four operators of one tp group (``comm``), sequence-parallel or not."""
 
