@@ -213,3 +213,23 @@ def test_groups_follow_torchtitans_order_and_ep_borrows_from_dp_cp():
     every = [dims.groups_of(r) for r in range(16)]
     for r, gr in enumerate(every):  # expert groups partition dp x cp; each edp group holds one per expert group
         assert r in gr["ep"] and r in gr["edp"] and len(set(gr["ep"]) & set(gr["edp"])) == 1
+
+
+def test_run_on_mesh_says_what_is_wrong():
+    model = dense()
+    params = model.init(np.random.default_rng(0))
+    batches = synthetic_batches(1, 4, 8, 16)
+    with pytest.raises(ConfigError, match="needs the model's params"):
+        run_on_mesh(model, None, batches, ParallelDims(), nn.AdamW())
+    with pytest.raises(ConfigError, match="fold= needs shape_only=True"):
+        run_on_mesh(model, params, batches, ParallelDims(dp=2), nn.AdamW(), fold=("dp",))
+    with pytest.raises(ConfigError, match=r"global batch \(4 sequences\) must split"):
+        run_on_mesh(model, params, batches, ParallelDims(dp=3), nn.AdamW())
+    with pytest.raises(ConfigError, match="clip_grad_norm must be a positive norm"):
+        run_on_mesh(model, params, batches, ParallelDims(), nn.AdamW(), clip_grad_norm=0)
+    with pytest.raises(ConfigError, match="run_on_mesh needs an nn.GPT"):
+        run_on_mesh(nn.MLP(4, 8), params, batches, ParallelDims(), nn.AdamW())
+    from emulator import World
+    from emulator.errors import MeshError
+    with pytest.raises(MeshError, match="cannot fold axis 'xx'"):
+        World(mesh={"dp": 2}, fold=("xx",))
