@@ -22,6 +22,7 @@ from emulator.accounting import CASE_STUDIES, all_to_all_bytes_per_layer, expert
 from emulator.nn import torch_reference as R
 from emulator.nn.moe import (capacity, experts_backward_input, experts_backward_weight, experts_forward, keep_first,
                              keep_first_choices_first, route, route_backward)
+from emulator.parallel import ParallelDims
 from emulator.parallel import expert_parallel as ep
 from emulator.parallel.moe_alternatives import (flat_dispatch, hierarchical_all_to_all, shard_experts_tp,
                                                 tp_moe_forward, two_hop_dispatch)
@@ -534,6 +535,19 @@ for r in range(8):
     print(f"rank {r}: attention TP group {list(attention.group_ranks('tp', r))}, DP group "
           f"{list(attention.group_ranks('dp', r))} | experts EP group {list(experts.group_ranks('ep', r))}, "
           f"expert-DP group {list(experts.group_ranks('edp', r))}")
+
+# %% [markdown]
+# That is Megatron's expert tensor parallelism of 1: each expert whole on one rank. The
+# library's mesh runtime (lesson 06) keeps the attention's tensor parallelism inside the
+# experts too (expert tensor parallelism equal to TP) and carves the expert groups from the
+# data-parallel ranks of each TP slice; `ParallelDims` says which ranks form which group:
+
+# %%
+dims = ParallelDims(dp=4, tp=2, ep=4)
+for r in range(8):
+    g = dims.groups_of(r)
+    print(f"rank {r}: TP {list(g['tp'])}, DP {list(g['dp'])} | EP {list(g['ep'])} (each expert's hidden units "
+          f"split over TP), expert-DP {list(g['edp'])}")
 
 # %% [markdown]
 # ## 8. Three published MoE models
