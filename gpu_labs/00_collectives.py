@@ -89,14 +89,14 @@ def main():
                 out = torch.empty(elems // n, dtype=dtype, device=device)
 
                 def run():
-                    dist.reduce_scatter_single(out, x)
+                    dist.reduce_scatter_tensor(out, x)
                 size = elems * item
             else:
                 shard = x[: elems // n].clone()
                 out = torch.empty(elems, dtype=dtype, device=device)
 
                 def run():
-                    dist.all_gather_single(out, shard)
+                    dist.all_gather_into_tensor(out, shard)
                 size = elems * item  # nccl-tests' size for all_gather: the gathered result
             t = timed(run, device, args.iters)
             model = collective_time(op, size, n, topo)
@@ -116,9 +116,9 @@ def main():
         bad = int((~torch.isclose(ours, ref, rtol=1e-10, atol=1e-10)).sum())
         fail(f"ring all-reduce from point-to-point calls differs from dist.all_reduce at {bad} of {ref.numel()} values")
     rs = torch.empty(64, dtype=torch.float64, device=device)
-    dist.reduce_scatter_single(rs, x)
+    dist.reduce_scatter_tensor(rs, x)
     if not torch.allclose(rs, ref[rank * 64:(rank + 1) * 64]):
-        fail("reduce_scatter_single disagrees with the matching slice of all_reduce")
+        fail("reduce_scatter_tensor disagrees with the matching slice of all_reduce")
     path = rec.save(os.path.join(args.out, "00_collectives.calls.json"), lab="00_collectives", elements=64 * n,
                     dtype="float64")
     say(f"OK: ring all-reduce (batch_isend_irecv, {2 * (n - 1)} steps) matches dist.all_reduce on every rank; "

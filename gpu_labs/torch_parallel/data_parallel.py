@@ -258,7 +258,7 @@ def zero3(s, batches):
     result = {}
     for name in s.names:  # for the check only, outside the recorder
         gathered = torch.empty(s.layouts[name].padded, device=s.device, dtype=s.dtype)
-        torch.distributed.all_gather_single(gathered, shards[name].detach(), group=s.group)
+        torch.distributed.all_gather_into_tensor(gathered, shards[name].detach(), group=s.group)
         result.update({f"{name}.{k}": t for k, t in s.unflatten(name, gathered).items()})
     return result, losses
 

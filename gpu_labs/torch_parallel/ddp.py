@@ -17,7 +17,20 @@ in a page).
   flattens the bucket and starts its all-reduce asynchronously.
 * ``finish_gradient_synchronization`` waits for every bucket, divides by the group size
   and writes the averages back into ``.grad``.
+
+Who frees a finished all-reduce matters. The backend runs each call on a thread of its
+own (gloo's workers; NCCL's watchdog), which keeps a reference to the call's work object
+for a moment after ``wait()`` has returned. A work started inside backward, as these
+are, carries the Python state that autograd keeps for the backward pass, so freeing it
+takes the GIL. Had the Python side already let go, that thread would free the work; if
+the interpreter is shutting down by then (a test harness that returns right after its
+teardown), Python ends the thread with ``pthread_exit`` inside a C++ destructor and the
+process aborts ("terminate called without an active exception"). So this class keeps
+each step's works and buffers until the next step has finished (or the object is
+freed), and its hooks hold it weakly, so it is freed as soon as its user drops it.
 """
+
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -35,9 +48,16 @@ class DDP(torch.nn.Module):
         self.buckets = self._buckets(list(reversed(params)), bucket_size_mb)
         self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
         self._waiting = [len(b) for b in self.buckets]
-        self._works = {}
-        for p in params:
-            p.register_post_accumulate_grad_hook(self._ready)
+        self._works = {}  # bucket -> (work, flat buffer) of the step under way
+        self._finished = {}  # the previous step's, freed only once this step's are done
+        me = weakref.ref(self)  # a hook holding the object itself would keep it alive in a cycle
+
+        def hook(p):
+            ddp = me()
+            if ddp is not None:
+                ddp._ready(p)
+
+        self._hooks = [p.register_post_accumulate_grad_hook(hook) for p in params]
 
     @staticmethod
     def _buckets(params, bucket_size_mb):
@@ -62,6 +82,10 @@ class DDP(torch.nn.Module):
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
+    def __del__(self):
+        for h in getattr(self, "_hooks", ()):
+            h.remove()
+
     def finish_gradient_synchronization(self):
         for i, (work, flat) in sorted(self._works.items()):
             work.wait()
@@ -71,7 +95,8 @@ class DDP(torch.nn.Module):
                 p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
                 offset += p.numel()
         missing = [i for i in range(len(self.buckets)) if i not in self._works]
-        self._works, self._waiting = {}, [len(b) for b in self.buckets]
+        # keep this step's works until the next step's are done: by then the backend's thread has long let go
+        self._finished, self._works, self._waiting = self._works, {}, [len(b) for b in self.buckets]
         if missing:
             raise RuntimeError(f"DDP: buckets {missing} never got all their gradients: did backward run, and "
                                f"does every parameter that requires a gradient take part in the loss?")
