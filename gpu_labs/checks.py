@@ -72,18 +72,35 @@ def gather_calls(rec):
     return [[Call(*c) for c in per_rank] for per_rank in every]
 
 
+def calls_verdict(what, lab_calls, emulator_calls, how="call for call"):
+    """(problems, line to print) for a lab's calls (every rank's) against the emulator's."""
+    total = sum(len(c) for c in emulator_calls)
+    differ = compare(lab_calls, emulator_calls, ("lab", "emulator"))
+    if not differ and sum(len(c) for c in lab_calls) != total:
+        differ = ["call counts differ"]
+    if differ:
+        return differ, f"{what}: the calls differ from the emulator's: " + "; ".join(differ[:3])
+    if total == 0:
+        return [], f"{what}: no calls on either side ({len(lab_calls)} rank(s)): the comparison of calls is empty"
+    return [], f"{what}: its {total} calls over {len(lab_calls)} ranks are the emulator's, {how}"
+
+
 def expect_same_calls(what, lab_calls, emulator_calls, how="call for call"):
     """Compare a lab's calls (every rank's, as :func:`gather_calls` returns) with the
     emulator's for the same algorithm, on every rank; stop every rank if they differ.
     Returns a line to print: how many calls matched, or that there was nothing to
     compare (one rank, or an algorithm that needs no communication)."""
-    total = sum(len(c) for c in emulator_calls)
-    differ = compare(lab_calls, emulator_calls, ("lab", "emulator"))
-    if not differ and sum(len(c) for c in lab_calls) != total:
-        differ = ["call counts differ"]
-    fail_everywhere(f"{what}: the calls differ from the emulator's: " + "; ".join(differ[:3]), bool(differ))
-    if total == 0:
-        return f"{what}: no calls on either side ({len(lab_calls)} rank(s)): the comparison of calls is empty"
-    return f"{what}: its {total} calls over {len(lab_calls)} ranks are the emulator's, {how}"
+    differ, line = calls_verdict(what, lab_calls, emulator_calls, how)
+    fail_everywhere(line, bool(differ))
+    return line
 
 
+def expect_same_calls_rank0(what, rec, emulator_calls, how="call for call"):
+    """As :func:`expect_same_calls` when only rank 0 has run the emulator
+    (``emulator_calls`` is None elsewhere): rank 0 judges and tells the others."""
+    lab = gather_calls(rec)
+    verdict = [calls_verdict(what, lab, emulator_calls, how) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(verdict, src=0)
+    differ, line = verdict[0]
+    fail_everywhere(line, bool(differ))
+    return line

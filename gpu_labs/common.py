@@ -41,6 +41,13 @@ if ROOT not in sys.path:  # so that labs can import the emulator's cost model an
 # that a wrong result exceeds them.
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-4, torch.bfloat16: 5e-2}
 
+# The single-tensor reduce-scatter and all-gather: ``reduce_scatter_tensor`` and
+# ``all_gather_into_tensor`` in every release from 2.4 on; torch 2.13 renames them
+# ``reduce_scatter_single`` and ``all_gather_single`` (same arguments) and warns on the old
+# names, so the new one is used where it exists.
+reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+all_gather_into_tensor = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+
 # ProcessGroupNCCL's error handling mode 3 (SkipCleanUp): on a timeout or an NCCL error its
 # watchdog thread rethrows, which takes the process down (torch's default since 2.2; set
 # here so that a cluster image that turned it off still fails fast).

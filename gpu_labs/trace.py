@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from common import all_gather_into_tensor, reduce_scatter_tensor
 from emulator.cost import BUS_FACTOR
 from emulator.records.calls import Call, save
 
@@ -59,13 +60,13 @@ class Recorder:
     def reduce_scatter(self, out, t, group=None, async_op=False):
         """``out`` gets this rank's slice of the sum of every rank's ``t``."""
         self._record("reduce_scatter", t, group)
-        return dist.reduce_scatter_tensor(out, t, group=group, async_op=async_op)
+        return reduce_scatter_tensor(out, t, group=group, async_op=async_op)
 
     def all_gather(self, out, t, group=None, async_op=False):
         """``out`` gets every rank's ``t``, concatenated in rank order (nccl-tests' size:
         the gathered ``out``)."""
         self._record("all_gather", t, group, size_bytes=_nbytes(out))
-        return dist.all_gather_into_tensor(out, t, group=group, async_op=async_op)
+        return all_gather_into_tensor(out, t, group=group, async_op=async_op)
 
     def all_to_all_single(self, out, t, output_split_sizes=None, input_split_sizes=None, group=None,
                           async_op=False):

@@ -19,21 +19,44 @@ in a page).
   and writes the averages back into ``.grad``.
 
 Who frees a finished all-reduce matters. The backend runs each call on a thread of its
-own (gloo's workers; NCCL's watchdog), which keeps a reference to the call's work object
-for a moment after ``wait()`` has returned. A work started inside backward, as these
-are, carries the Python state that autograd keeps for the backward pass, so freeing it
-takes the GIL. Had the Python side already let go, that thread would free the work; if
-the interpreter is shutting down by then (a test harness that returns right after its
-teardown), Python ends the thread with ``pthread_exit`` inside a C++ destructor and the
-process aborts ("terminate called without an active exception"). So this class keeps
-each step's works and buffers until the next step has finished (or the object is
-freed), and its hooks hold it weakly, so it is freed as soon as its user drops it.
+own (gloo's workers), which keeps a reference to the call's work object for a moment
+after ``wait()`` has returned. A work records the thread-local state of the thread that
+started it, and inside backward recent torch releases keep a Python object there (the
+``contextvars`` context of the backward call); freeing such a work takes the GIL. Had the
+Python side already let go, that worker thread would free the work; if the interpreter
+is shutting down by then (a test harness that returns right after its teardown), Python
+ends the thread with ``pthread_exit`` inside a C++ destructor and the process aborts
+("terminate called without an active exception"). So the all-reduces are started with
+that Python object set aside (:func:`_without_backward_python_state`), the works and
+buffers of a step are kept until the next step has finished (or the object is freed),
+and the hooks hold the object weakly, so it is freed as soon as its user drops it.
 """
 
+import contextlib
 import weakref
 
 import torch
 import torch.distributed as dist
+
+
+@contextlib.contextmanager
+def _without_backward_python_state():
+    """Inside backward, set aside the Python object that torch keeps in the thread-local
+    state (``torch.autograd.graph._engine_run_backward`` stashes its ``contextvars``
+    context under "context"), so that a collective started here records none: freeing
+    its work on the backend's thread then never needs the GIL. Torch releases without
+    the stash (2.4) have nothing to set aside."""
+    c = torch._C
+    stashed = getattr(c, "_is_key_in_tls", None) is not None and c._is_key_in_tls("context")
+    if not stashed:
+        yield
+        return
+    context = c._get_obj_in_tls("context")
+    c._remove_obj_from_tls("context")
+    try:
+        yield
+    finally:
+        c._stash_obj_in_tls("context", context)
 
 
 class DDP(torch.nn.Module):
@@ -77,7 +100,8 @@ class DDP(torch.nn.Module):
         self._waiting[i] -= 1
         if self._waiting[i] == 0:  # the bucket's last gradient: reduce it while backward goes on
             flat = torch.cat([q.grad.reshape(-1) for q in self.buckets[i]])
-            self._works[i] = (dist.all_reduce(flat, group=self.group, async_op=True), flat)
+            with _without_backward_python_state():
+                self._works[i] = (dist.all_reduce(flat, group=self.group, async_op=True), flat)
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
