@@ -72,25 +72,27 @@ def gather_calls(rec):
     return [[Call(*c) for c in per_rank] for per_rank in every]
 
 
-def calls_verdict(what, lab_calls, emulator_calls, how="call for call"):
-    """(problems, line to print) for a lab's calls (every rank's) against the emulator's."""
+def calls_verdict(what, lab_calls, emulator_calls, how="call for call", names=("lab", "emulator")):
+    """(problems, line to print) for a lab's calls (every rank's) against the emulator's
+    (or another expected trace, ``names`` saying whose)."""
     total = sum(len(c) for c in emulator_calls)
-    differ = compare(lab_calls, emulator_calls, ("lab", "emulator"))
+    differ = compare(lab_calls, emulator_calls, names)
     if not differ and sum(len(c) for c in lab_calls) != total:
         differ = ["call counts differ"]
     if differ:
-        return differ, f"{what}: the calls differ from the emulator's: " + "; ".join(differ[:3])
+        return differ, f"{what}: the calls differ from the {names[1]}'s: " + "; ".join(differ[:3])
     if total == 0:
         return [], f"{what}: no calls on either side ({len(lab_calls)} rank(s)): the comparison of calls is empty"
-    return [], f"{what}: its {total} calls over {len(lab_calls)} ranks are the emulator's, {how}"
+    whose = "the emulator's" if names[1] == "emulator" else f"the {names[1]} ones"
+    return [], f"{what}: its {total} calls over {len(lab_calls)} ranks are {whose}, {how}"
 
 
-def expect_same_calls(what, lab_calls, emulator_calls, how="call for call"):
+def expect_same_calls(what, lab_calls, emulator_calls, how="call for call", names=("lab", "emulator")):
     """Compare a lab's calls (every rank's, as :func:`gather_calls` returns) with the
     emulator's for the same algorithm, on every rank; stop every rank if they differ.
     Returns a line to print: how many calls matched, or that there was nothing to
     compare (one rank, or an algorithm that needs no communication)."""
-    differ, line = calls_verdict(what, lab_calls, emulator_calls, how)
+    differ, line = calls_verdict(what, lab_calls, emulator_calls, how, names)
     fail_everywhere(line, bool(differ))
     return line
 

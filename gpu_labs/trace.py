@@ -131,6 +131,6 @@ class Recording(TorchDispatchMode):
             peer = dist.get_global_rank(pg, args[2]) if op in ("send", "recv_") else None
             self.calls.append(Call(_C10D[op], self._name(pg), _nbytes(t), peer))
         elif namespace == "_c10d_functional" and op in _FUNCTIONAL:
-            pg = dist.distributed_c10d._resolve_process_group(next(a for a in args if isinstance(a, str)))
+            pg = dist.distributed_c10d._resolve_process_group([a for a in args if isinstance(a, str)][-1])  # the group name comes last
             self.calls.append(Call(_FUNCTIONAL[op], self._name(pg), _nbytes(args[0])))
         return func(*args, **(kwargs or {}))
