@@ -135,7 +135,10 @@ def torch_ddp(params0, batches, device, dtype, rank, n):
 
 
 def torch_fsdp2(params0, batches, device, dtype, rank, n, mesh):
-    from torch.distributed.fsdp import fully_shard
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch 2.4 keeps FSDP2 in a private module
+        from torch.distributed._composable.fsdp import fully_shard
 
     model = TorchGPT(params0, device, dtype)
     for layer in model.layers:  # each layer its own unit, then the root, as the lesson shards

@@ -98,8 +98,8 @@ def torch_context_parallel(c, device, dtype, tol):
     """torch's experimental context_parallel (flash / memory-efficient SDPA on CUDA only),
     forward and backward, against SDPA on the whole sequence. Returns a line to print."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.experimental import context_parallel
-    from torch.distributed.tensor.experimental._attention import context_parallel_unshard
+    from torch.distributed.tensor.experimental import context_parallel  # not in torch 2.4: reached only when present
+    from torch.distributed.tensor.experimental._attention import context_parallel_unshard  # not in torch 2.4: likewise
 
     mesh = init_device_mesh("cuda", (c,), mesh_dim_names=("cp",))
     rng = np.random.default_rng(8)
@@ -129,7 +129,7 @@ def try_torch_context_parallel(c, device, dtype, tol):
     if device.type != "cuda":
         return "torch's context_parallel: not run: it needs CUDA (flash or memory-efficient attention)"
     try:
-        from torch.distributed.tensor.experimental import context_parallel  # noqa: F401
+        from torch.distributed.tensor.experimental import context_parallel  # noqa: F401  # not in torch 2.4: checked here
     except ImportError as exc:
         return f"torch's context_parallel: not run: this torch ({torch.__version__}) has none ({exc})"
     try:
