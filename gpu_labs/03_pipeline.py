@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from checks import expect_match, expect_same_calls, gather_calls
-from common import (add_dtype_option, base_parser, dtype_name, fail, fail_everywhere, finish, header, init, lab_dtype,
+from common import (TORCH_VERSION, add_dtype_option, base_parser, dtype_name, fail, fail_everywhere, finish, header, init, lab_dtype,
                     reference_dtype, say, timed)
 from torch_parallel.pipeline import Clock, Executor, GPTStage, loss_fn
 from trace import Recorder, Recording
@@ -52,7 +52,6 @@ from emulator.parallel import pipeline as pp
 from emulator.records.calls import Call
 
 V, D, H, FF, S = 32, 32, 4, 64, 16
-TORCH_VERSION = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 TORCH_SCHEDULES = {"gpipe": ("ScheduleGPipe", "gpipe", 1), "1f1b": ("Schedule1F1B", "1f1b", 1),
                    "interleaved": ("ScheduleInterleaved1F1B", "interleaved_1f1b", 2)}
 
@@ -252,7 +251,7 @@ def main():
             continue
         if kind != "gpipe" and dist.get_backend() == "gloo" and TORCH_VERSION < (2, 5):
             say(f"{name:>30s}: not run: torch {torch.__version__}'s 1F1B schedules hang on gloo "
-                f"(pytorch/pytorch#132644); they run on NCCL, or on gloo from torch 2.5")
+                f"(pytorch/pytorch#132644); they run on NCCL, and on gloo with a later torch")
             continue
         chunks_t, tl, calls_t = torch_pipelining(kind, p, m, rank, device, dtype)
         check_run(f"pipelining {kind}", rank, p, chunks_t, ref, tl if rank == p - 1 else None, ref_loss, tol)

@@ -41,6 +41,8 @@ if ROOT not in sys.path:  # so that labs can import the emulator's cost model an
 # that a wrong result exceeds them.
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-4, torch.bfloat16: 5e-2}
 
+TORCH_VERSION = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+
 # The single-tensor reduce-scatter and all-gather: ``reduce_scatter_tensor`` and
 # ``all_gather_into_tensor`` in every release from 2.4 on; torch 2.13 renames them
 # ``reduce_scatter_single`` and ``all_gather_single`` (same arguments) and warns on the old
