@@ -21,6 +21,7 @@ Examples:
 """
 
 import os
+import time
 
 import numpy as np
 import torch
@@ -44,9 +45,10 @@ def parse():
     ap.add_argument("--iters", type=int, default=20, help="calls per size, timed back to back (nccl-tests' way)")
     ap.add_argument("--gpus-per-node", type=int, default=8, help="topology for the model's prediction")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    ap.add_argument("--self-test-fault", choices=["wrong-value", "drop-output", "drop-call"],
+    ap.add_argument("--self-test-fault", choices=["wrong-value", "drop-output", "drop-call", "stall"],
                     help="damage the last rank's ring result (one value wrong, its last chunk missing) or its "
-                         "trace (one call missing), to prove a check catches it")
+                         "trace (one call missing), to prove a check catches it; or stall it, to prove the "
+                         "others give up after --timeout")
     return ap.parse_args()
 
 
@@ -110,6 +112,8 @@ def main():
             model_bw = busbw(op, size, n, model) / 1e9 if model > 0 else float("nan")
             say(f"{op:>15} {size:>10} {t * 1e6:>10.1f} {size / t / 1e9:>11.3f} {busbw(op, size, n, t) / 1e9:>11.3f}"
                 f" {model * 1e6:>10.1f} {model_bw:>12.1f}")
+    if args.self_test_fault == "stall" and rank == n - 1:  # a rank that never joins the next collective
+        time.sleep(10 * args.timeout)
     # correctness: our reduce_scatter/all_gather results, and the hand-written ring
     g = torch.Generator(device="cpu").manual_seed(1234 + rank)
     x = torch.randn(64 * n, generator=g, dtype=torch.float64).to(device)

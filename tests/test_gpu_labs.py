@@ -279,3 +279,17 @@ def test_the_labs_say_which_backend_and_device_ran(tmp_path):
     assert "backend gloo (--backend gloo), device CPU" in out.stdout
     assert "torch's context_parallel: not run: it needs CUDA" in torchrun(
         2, "04_context_parallel.py", "--iters", "1", "--out", str(tmp_path)).stdout
+
+
+def test_a_stalled_rank_ends_the_run_after_the_timeout(tmp_path):
+    """The labs pass --timeout to init_process_group: the ranks waiting for a rank that
+    never comes give up after it (gloo here; NCCL's watchdog does the same, see
+    gpu_labs/README.md), instead of torch's default 30 minutes (10 for NCCL)."""
+    import time
+
+    start = time.monotonic()
+    out = torchrun(2, "00_collectives.py", "--sizes", "1e3", "--iters", "1", "--timeout", "5",
+                   "--self-test-fault", "stall", "--out", str(tmp_path))
+    assert out.returncode != 0
+    assert "Timed out" in out.stderr or "timed out" in out.stderr, out.stderr[-2000:]
+    assert time.monotonic() - start < 5 * 10, "the run outlived its timeout by far"
