@@ -80,10 +80,11 @@ def calls_verdict(what, lab_calls, emulator_calls, how="call for call", names=("
     if not differ and sum(len(c) for c in lab_calls) != total:
         differ = ["call counts differ"]
     if differ:
-        return differ, f"{what}: the calls differ from the {names[1]}'s: " + "; ".join(differ[:3])
+        whose = {"emulator": "the emulator's", "plan": "those its plan issues"}.get(names[1], f"the {names[1]}'s")
+        return differ, f"{what}: the calls differ from {whose}: " + "; ".join(differ[:3])
     if total == 0:
         return [], f"{what}: no calls on either side ({len(lab_calls)} rank(s)): the comparison of calls is empty"
-    whose = "the emulator's" if names[1] == "emulator" else f"the {names[1]} ones"
+    whose = {"emulator": "the emulator's", "plan": "those its plan issues"}.get(names[1], f"the {names[1]}'s")
     return [], f"{what}: its {total} calls over {len(lab_calls)} ranks are {whose}, {how}"
 
 
