@@ -235,7 +235,7 @@ def main():
         next(iter(chunks[0].weights.values())).grad = None
     if rank == p - 1 and args.self_test_fault == "wrong-gradient":
         with torch.no_grad():
-            next(iter(chunks[0].weights.values())).grad.mul_(-1)
+            next(iter(chunks[0].weights.values())).grad.add_(1.0)
     if rank == p - 1 and args.self_test_fault == "drop-call" and rec.calls:
         rec.calls.pop()
     check_run("1F1B by hand", rank, p, chunks, ref, losses, ref_loss, tol)
