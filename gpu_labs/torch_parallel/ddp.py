@@ -27,12 +27,15 @@ Python side already let go, that worker thread would free the work; if the inter
 is shutting down by then (a test harness that returns right after its teardown), Python
 ends the thread with ``pthread_exit`` inside a C++ destructor and the process aborts
 ("terminate called without an active exception"). So the all-reduces are started with
-that Python object set aside (:func:`_without_backward_python_state`), the works and
-buffers of a step are kept until the next step has finished (or the object is freed),
-and the hooks hold the object weakly, so it is freed as soon as its user drops it.
+that Python object set aside (:func:`_without_backward_python_state`), and a step's
+buffers are let go only once the backend's thread has let go of them too
+(:func:`_release`: the buffer's C++ use count is back to the Python object's own). Then
+whichever thread frees a work, freeing it touches no Python object. The hooks hold the
+object weakly, so it is freed as soon as its user drops it.
 """
 
 import contextlib
+import time
 import weakref
 
 import torch
@@ -59,6 +62,20 @@ def _without_backward_python_state():
         c._stash_obj_in_tls("context", context)
 
 
+def _release(finished, limit=10.0):
+    """Let go of a finished step's ``{bucket: (work, buffer)}``: drop the works, then hold
+    each buffer until its C++ use count is 1 (only this Python object), which means the
+    backend's thread has freed its work. No torch API signals that moment, so this polls,
+    sleeping (and so releasing the GIL) between looks; it is over within microseconds
+    unless that thread was descheduled, and gives up after ``limit`` seconds."""
+    buffers = [flat for _, flat in finished.values()]
+    finished.clear()
+    deadline = time.monotonic() + limit
+    for flat in buffers:
+        while flat._use_count() > 1 and time.monotonic() < deadline:
+            time.sleep(1e-4)
+
+
 class DDP(torch.nn.Module):
     def __init__(self, module, bucket_size_mb=None, group=None):
         super().__init__()
@@ -72,7 +89,7 @@ class DDP(torch.nn.Module):
         self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
         self._waiting = [len(b) for b in self.buckets]
         self._works = {}  # bucket -> (work, flat buffer) of the step under way
-        self._finished = {}  # the previous step's, freed only once this step's are done
+        self._finished = {}  # the previous step's, let go of by _release
         me = weakref.ref(self)  # a hook holding the object itself would keep it alive in a cycle
 
         def hook(p):
@@ -109,6 +126,7 @@ class DDP(torch.nn.Module):
     def __del__(self):
         for h in getattr(self, "_hooks", ()):
             h.remove()
+        _release(getattr(self, "_finished", {}))
 
     def finish_gradient_synchronization(self):
         for i, (work, flat) in sorted(self._works.items()):
@@ -119,7 +137,7 @@ class DDP(torch.nn.Module):
                 p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
                 offset += p.numel()
         missing = [i for i in range(len(self.buckets)) if i not in self._works]
-        # keep this step's works until the next step's are done: by then the backend's thread has long let go
+        _release(self._finished)  # the previous step's: the backend's thread has long let go of them
         self._finished, self._works, self._waiting = self._works, {}, [len(b) for b in self.buckets]
         if missing:
             raise RuntimeError(f"DDP: buckets {missing} never got all their gradients: did backward run, and "
