@@ -175,8 +175,8 @@ def zero1(s, batches, fault=False):
             s.led.hold(f"grads:{name}", [t.grad for t in full[name].values()], "grads")
         for name in s.names:
             g = _reduce_scatter_into(s, name, s.flatten(name, {k: t.grad for k, t in full[name].items()}), shards)
-            if fault and s.rank == 0 and name == s.names[-1]:  # a wrong gradient, far outside any tolerance
-                g[0] = g[0] + 100.0
+            if fault and s.rank == 0 and name == s.names[-1]:  # flip one gradient: Adam's step flips too (a
+                g[0] = -g[0] if g[0] != 0 else 1.0  # larger gradient would not do: Adam's first step is lr * sign)
             for t in full[name].values():
                 t.grad = None
             _step_and_gather(s, name, shards, opts, full, step)
