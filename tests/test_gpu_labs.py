@@ -230,11 +230,12 @@ def test_expert_parallel_lab(n, dtype, tmp_path):
     x, dy = (rng.standard_normal((n * 12, 16)).astype(np_dtype) for _ in range(2))
 
     def prog(comm):
-        local = ep.shard_experts(p, n, comm.rank)
-        y, cache = ep.forward(comm, moe, local, np.split(x, n)[comm.rank])
-        ep.backward(comm, moe, local, cache, np.split(dy, n)[comm.rank])
+        g = comm.group("ep")
+        local = ep.shard_experts(p, n, g.rank)
+        y, cache = ep.forward(g, moe, local, np.split(x, n)[comm.rank])
+        ep.backward(g, moe, local, cache, np.split(dy, n)[comm.rank])
 
-    world = World(n)
+    world = World(mesh={"dp": 1, "ep": n})
     world.run(prog)
     same_calls(tmp_path / "05_expert_parallel.calls.json", world)
 
