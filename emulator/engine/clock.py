@@ -84,6 +84,14 @@ class Clock:
         if end > self.deadline[rank]:
             raise RankDied(rank, self.deadline[rank])
 
+    def background(self, rank, stream, seconds, name, kind="io"):
+        """Work that runs beside the compute stream (a checkpoint's writer): on ``stream``
+        of ``rank``, after what it holds and not before now. Returns when it ends."""
+        start = max(self.compute[rank], self.free(rank, stream))
+        self.event(rank, stream, kind, name, start, start + seconds)
+        self.streams[(rank, stream)] = start + seconds
+        return start + seconds
+
     def check_alive(self, rank):
         """Before ``rank`` issues an operation: it has died if its clock reached its deadline."""
         if self.compute[rank] >= self.deadline[rank]:

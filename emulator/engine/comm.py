@@ -139,6 +139,23 @@ class Comm(PointToPoint):
         dur *= self._world.faults.slowdown[self.global_rank]  # a straggler (emulator.engine.faults)
         self._world.clock.advance(self.global_rank, dur, name)
 
+    def storage(self, seconds, name="storage", background=False):
+        """Time on storage (a checkpoint's write or read): on the compute stream, which
+        waits; or, ``background=True``, on this rank's ``storage`` stream while compute
+        goes on (an asynchronous save's writer), after what that stream holds. Returns
+        when it ends."""
+        if not seconds >= 0:
+            raise ConfigError(f"rank {self.global_rank}: storage() got a negative duration ({seconds})")
+        if background:
+            return self._world.clock.background(self.global_rank, "storage", seconds, name)
+        self._world.clock.advance(self.global_rank, seconds, name)
+        return self.now
+
+    def wait_storage(self, what="storage"):
+        """Wait until this rank's ``storage`` stream is done (before reusing what it writes)."""
+        clock = self._world.clock
+        clock.join(self.global_rank, clock.free(self.global_rank, "storage"), what)
+
     # ----------------------------------------------------------------- collectives
     def _check_member(self, op):
         if not self.member:
