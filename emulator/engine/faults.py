@@ -225,3 +225,17 @@ def _message(dead, timeouts, timeout):
         lines.append("No other rank was waiting for it; the launcher still sees a process die and stops the job.")
     lines.append("Restart the job from its last complete checkpoint (run_on_mesh(..., resume_from=path)).")
     return "\n".join(lines)
+
+
+def find_straggler(timeline):
+    """The rank whose compute ends last, step after step, in ``timeline`` (every rank's
+    compute events in the same order, as an SPMD program makes them): for each k, the
+    rank whose k-th compute event ends last; the rank that does so most often (the lowest
+    such rank on a tie). One slow step of another rank (a hiccup) does not make it the
+    straggler; being slow in most steps does."""
+    ends = [[e.end for e in timeline.of(r, "compute", "compute")] for r in range(timeline.size)]
+    steps = min(len(e) for e in ends)
+    if steps == 0:
+        raise ConfigError("find_straggler: some rank has no compute event in this timeline")
+    last = np.argmax(np.array([e[:steps] for e in ends]), axis=0)  # per step, the rank that ends last
+    return int(np.argmax(np.bincount(last, minlength=timeline.size)))
