@@ -9,7 +9,9 @@ independently with mean time ``m``, has ``M = m / N``). Training runs in segment
 complete, and costs ``restart`` seconds (detection, relaunch, reading the checkpoint;
 a failure can strike a restart too). Asynchronous saving stops training only for the
 copy to host memory (``save_cost``) but completes ``lag`` seconds later: a failure in
-that window loses the previous interval as well.
+that window loses the previous interval as well, and a save cannot start before the
+previous one's write has ended (training waits ``lag - interval`` when the interval is
+the shorter).
 
 * :func:`job_mtbf`: ``m / N``;
 * :func:`young_interval`: ``sqrt(2 save_cost M)``, the interval that minimises the
@@ -84,16 +86,27 @@ def daly_interval(save_cost, mtbf):
 
 
 def _check(interval, save_cost, mtbf, restart, lag):
+    """The arguments checked; returns the time a save stops training (with the wait for
+    the previous asynchronous write when the interval is shorter than it)."""
     _positive(interval=interval, mtbf=mtbf)
     for name, v in (("save_cost", save_cost), ("restart", restart), ("lag", lag)):
         if not (v >= 0 and math.isfinite(v)):
             raise ConfigError(f"{name} must be a number of seconds >= 0, got {v!r}")
+    return save_cost + max(0.0, lag - interval)
+
+
+def best_interval(save_cost, mtbf, restart=0.0, lag=0.0):
+    """The interval of the highest expected goodput, searched (Daly's formula is the
+    answer when ``lag`` is 0; an asynchronous write longer than that interval moves it)."""
+    start = daly_interval(max(save_cost, 1e-9), mtbf)
+    grid = np.geomspace(start / 50, max(start, lag) * 50, 4000)
+    return float(grid[np.argmax([expected_goodput(t, save_cost, mtbf, restart, lag) for t in grid])])
 
 
 def expected_goodput(interval, save_cost, mtbf, restart=0.0, lag=0.0):
     """The expected share of wall time that is new progress (Daly's complete model; see
     the module's docstring), from 0 to ``interval / (interval + save_cost)``."""
-    _check(interval, save_cost, mtbf, restart, lag)
+    save_cost = _check(interval, save_cost, mtbf, restart, lag)
     growth = math.expm1((interval + save_cost) / mtbf)
     if not math.isfinite(growth):
         return 0.0
@@ -116,7 +129,7 @@ def _restarts(rng, n, restart, mtbf):
 def simulate_goodput(interval, save_cost, mtbf, restart=0.0, lag=0.0, work=None, runs=200, seed=0):
     """Goodput of ``runs`` simulated runs (an array), each doing ``work`` seconds of
     training (default: 200 mean times between failures) with failures drawn at random."""
-    _check(interval, save_cost, mtbf, restart, lag)
+    save_cost = _check(interval, save_cost, mtbf, restart, lag)
     work = 200 * mtbf if work is None else work
     rng = np.random.default_rng(seed)
     c = interval + save_cost
@@ -152,7 +165,7 @@ class Span:
 
 def simulate_run(interval, save_cost, mtbf, restart=0.0, lag=0.0, work=None, seed=0):
     """One run, span by span (:class:`Span`), and the failure times: for a timeline."""
-    _check(interval, save_cost, mtbf, restart, lag)
+    save_cost = _check(interval, save_cost, mtbf, restart, lag)
     work = 20 * mtbf if work is None else work
     rng = np.random.default_rng(seed)
     spans, failures = [], []
