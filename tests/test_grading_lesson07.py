@@ -242,3 +242,22 @@ def test_goodput_napkin(capsys):
     for wrong in (no_restart, whole_interval_lost, per_gpu_mtbf, lambda **kw: 0.813):
         with pytest.raises(CheckFailed, match="Napkin 7.2"):
             g.napkin_goodput(wrong)
+
+
+def test_problem_set_variants_of_the_napkins():
+    from emulator.grading import problem_sets as P
+
+    for student in ("alice", "bob", "carol", "dan"):
+        p = P.variant(student, "Napkin 7.1")
+        want = P.model_answer("Napkin 7.1", p)
+        assert want == pytest.approx(p["gpus"] * p["timeout_minutes"] / 60)
+        assert P.grade_answer("Napkin 7.1", p, want)[0] and not P.grade_answer("Napkin 7.1", p, want * 60)[0]
+        assert "GPU-hours" in P.statement(student, "Napkin 7.1")
+        q = P.variant(student, "Napkin 7.2")
+        first = P.model_answer("Napkin 7.2", q)
+        assert first == pytest.approx(goodput_first_order(**q)) and 0 < first < 1
+        assert P.grade_answer("Napkin 7.2", q, goodput_daly(**q))[0]  # the exact expectation is right too
+        assert not P.grade_answer("Napkin 7.2", q, first * 1.1)[0]
+        assert not P.grade_answer("Napkin 7.2", q, "most of it")[0]
+    assert P.variant("alice", "Napkin 7.2") == P.variant("alice", "Napkin 7.2")
+    assert list(P.PROBLEMS)[-2:] == ["Napkin 7.1", "Napkin 7.2"]
