@@ -102,10 +102,11 @@ except RankFailedError as err:
 # ```
 #
 # then "failure detected by watchdog at work sequence id", asks every rank to dump its
-# flight recorder (the last collectives each rank issued, with their stacks), and, with
-# the default `TORCH_NCCL_ASYNC_ERROR_HANDLING=3`, takes its own process down
-# (`WorkNCCL::handleException`: "To avoid data inconsistency, we are taking the entire
-# process down"). Its message names the rank that waited and the operation, not the rank
+# flight recorder (the last collectives each rank issued, with their stacks), and takes
+# its own process down (`WorkNCCL::handleException`: "To avoid data inconsistency, we are
+# taking the entire process down"), as `TORCH_NCCL_ASYNC_ERROR_HANDLING` asks: 3 by
+# default in `ProcessGroupNCCL`, 1 in workers that torchrun starts
+# (`local_elastic_agent.py`), both of which tear the process down. Its message names the rank that waited and the operation, not the rank
 # that died: finding that one takes the desync report (`TORCH_NCCL_DESYNC_DEBUG`: "ranks
 # [3] are the lagging ranks that caused this timeout") or the flight recorder's dumps side
 # by side. Across nodes NCCL's network transport can notice a dead peer sooner
@@ -535,16 +536,22 @@ FailureExplorer(gpus=16384, save_seconds=60, interval_minutes=20, restart_minute
 # ## 10. On real GPUs
 #
 # `gpu_labs/07_checkpoint.py` trains a small model with its parameters and AdamW state
-# sharded over the ranks, saves it with `torch.distributed.checkpoint`, loads it on a
-# different number of ranks and checks that training goes on exactly as if it had never
+# sharded over the ranks (FSDP2), saves it with `torch.distributed.checkpoint`, loads it on
+# a different number of ranks and checks that training goes on exactly as if it had never
 # stopped. Run under `torchrun --max-restarts 1` with `--kill-rank 1 --kill-step 5`, one rank
 # kills itself in the middle of a step; the elastic agent stops the others and starts all
 # again, and the job resumes from its last checkpoint on its own:
 #
 # ```
-# torchrun --standalone --nproc-per-node 4 gpu_labs/07_checkpoint.py
-# torchrun --standalone --nproc-per-node 4 --max-restarts 1 gpu_labs/07_checkpoint.py --kill-rank 1 --kill-step 5
+# torchrun --standalone --nproc-per-node 4 gpu_labs/07_checkpoint.py --fresh --stop-after 3
+# torchrun --standalone --nproc-per-node 2 gpu_labs/07_checkpoint.py
+# TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node 4 --max-restarts 1 \
+#     gpu_labs/07_checkpoint.py --fresh --kill-rank 1 --kill-step 5
 # ```
+#
+# (The setting on the last line gives each attempt its own rendezvous store: with the
+# store torchrun shares by default, restarted workers can read the addresses of the
+# workers that died and fail to connect, pytorch/pytorch issue 135712.)
 
 # %%
 shutil.rmtree(work, ignore_errors=True)

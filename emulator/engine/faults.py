@@ -19,9 +19,11 @@ group's timeout (10 minutes by default, ``kProcessGroupNCCLDefaultTimeout`` in
 ``[Rank r] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=..,
 OpType=.., ...) ran for .. milliseconds before timing out.``, the watchdog logs
 ``failure detected by watchdog at work sequence id: ..``, signals every rank to dump its
-flight recorder, and, with the default ``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``, rethrows
-the error so that the process goes down (``WorkNCCL::handleException``:
-``To avoid data inconsistency, we are taking the entire process down.``). The timeout
+flight recorder, and rethrows the error so that the process goes down
+(``WorkNCCL::handleException``: ``To avoid data inconsistency, we are taking the entire
+process down.``), as ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` 1 and 3 both do (3 is
+``ProcessGroupNCCL``'s default, 1 what torchrun sets for its workers in
+``torch/distributed/elastic/agent/server/local_elastic_agent.py``). The timeout
 counts from when the operation was enqueued, and the oldest pending operation of a rank
 times out first (the watchdog walks its work list in order). Its message names the rank
 that waited, the operation and its sequence number, not the rank that died: finding
