@@ -144,8 +144,9 @@ def test_failure_explorer_model_and_widget():
     assert asyn["best"] >= 60  # no shorter than its background write
     w = FailureExplorer()
     before, image = w.summary.value, w.image.value
-    w.interval.value = 60.0
+    w.interval.value = 60
     assert w.summary.value != before and w.image.value != image and "Saving every 60 min" in w.summary.value
+    assert FailureExplorer(interval_minutes=25).interval.options[6] == 25  # a value not on the slider joins it
     w.async_save.value = True
     assert "asynchronous" in w.summary.value
     w.gpus.value = 131072

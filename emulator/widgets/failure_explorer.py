@@ -12,7 +12,10 @@ from .common import new_axes, show_figure
 GPU_COUNTS = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
 KIND_COLORS = {"work": "#4C72B0", "save": "#55A868", "lost": "#C44E52", "restart": "#DDAA33"}
 COPY_SHARE = Storage().write_bandwidth / Storage().host_bandwidth  # an async save stops training for the copy only
-LLAMA3_GPU_MTBF_HOURS = round(F.LLAMA3_INTERRUPTIONS["gpus"] * F.llama3_job_mtbf() / 3600, -2)  # about 50,700 h
+LLAMA3_GPU_MTBF_HOURS = int(round(F.LLAMA3_INTERRUPTIONS["gpus"] * F.llama3_job_mtbf() / 3600, -2))  # 50,700 h
+MTBF_HOURS = [5000, 10000, 20000, 30000, LLAMA3_GPU_MTBF_HOURS, 80000, 100000, 200000]
+SAVE_SECONDS = [1, 5, 10, 30, 60, 120, 300, 600]
+INTERVAL_MINUTES = [1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 240]
 
 
 def failure_explorer_model(gpus=16384, gpu_mtbf_hours=LLAMA3_GPU_MTBF_HOURS, save_seconds=60.0, interval_minutes=20.0,
@@ -51,7 +54,7 @@ def failure_explorer_model(gpus=16384, gpu_mtbf_hours=LLAMA3_GPU_MTBF_HOURS, sav
     bottom.semilogx(grid / 60, curve, color="#4C72B0", label="expected (Daly's model)")
     bottom.plot(sims / 60, sim, "o", ms=4, color="black", label="simulated, 40 runs")
     bottom.axvline(best / 60, color="#55A868", ls="--", lw=1, label=f"optimum {best / 60:.1f} min")
-    bottom.axvline(interval / 60, color="#C44E52", lw=1, label=f"yours {interval_minutes:g} min")
+    bottom.axvline(interval / 60, color="#C44E52", lw=1, label=f"yours {interval_minutes:.3g} min")
     bottom.set_xlabel("checkpoint interval (minutes)")
     bottom.set_ylabel("goodput")
     bottom.set_ylim(max(0.0, min(curve) - 0.02), 1.0)
@@ -59,7 +62,7 @@ def failure_explorer_model(gpus=16384, gpu_mtbf_hours=LLAMA3_GPU_MTBF_HOURS, sav
     text = (f"{gpus:,} GPUs failing once per {gpu_mtbf_hours:,.0f} h each: the job fails every {mtbf / 3600:.2f} h. "
             f"{'An asynchronous' if async_save else 'A synchronous'} save stops training {block:.3g} s"
             + (f" (then writes for {lag:g} s in the background)" if async_save else "") +
-            f". Saving every {interval_minutes:g} min: expected goodput {expected:.1%}; the best interval is "
+            f". Saving every {interval_minutes:.3g} min: expected goodput {expected:.1%}; the best interval is "
             f"{best / 60:.1f} min ({at_best:.1%}). This run lost {lost / 3600:.1f} h of work and "
             f"{sum(s.end - s.start for s in spans if s.kind == 'restart') / 3600:.1f} h restarting.")
     return {"mtbf": mtbf, "best": best, "expected": expected, "at_best": at_best, "failures": failures,
@@ -73,21 +76,27 @@ def _two_axes():
     return fig, (top, bottom)
 
 
+def _options(values, value):
+    """The slider's stops, with ``value`` among them (a value the widget was given)."""
+    return sorted(set(values) | {value})
+
+
 class FailureExplorer(W.VBox):
     """Controls: GPUs, a GPU's mean time between failures, the save's cost, the interval,
-    asynchronous saving, the restart's cost."""
+    asynchronous saving, the restart's cost. Sliders stop at listed values (what the
+    browser sends back is then exactly what the model was given)."""
 
-    def __init__(self, gpus=16384, gpu_mtbf_hours=LLAMA3_GPU_MTBF_HOURS, save_seconds=60.0, interval_minutes=20.0,
-                 async_save=False, restart_minutes=15.0):
-        self.gpus = W.SelectionSlider(options=GPU_COUNTS, value=gpus, description="GPUs")
-        self.gpu_mtbf = W.FloatLogSlider(value=gpu_mtbf_hours, base=10, min=3.5, max=5.5, step=0.05,
-                                         description="GPU MTBF (h)", readout_format=",.0f")
-        self.save = W.FloatLogSlider(value=save_seconds, base=10, min=0, max=3, step=0.05, description="save (s)",
-                                     readout_format=".3g")
-        self.interval = W.FloatLogSlider(value=interval_minutes, base=10, min=0, max=3, step=0.05,
-                                         description="interval (min)", readout_format=".3g")
+    def __init__(self, gpus=16384, gpu_mtbf_hours=LLAMA3_GPU_MTBF_HOURS, save_seconds=60, interval_minutes=20,
+                 async_save=False, restart_minutes=15):
+        self.gpus = W.SelectionSlider(options=_options(GPU_COUNTS, gpus), value=gpus, description="GPUs")
+        self.gpu_mtbf = W.SelectionSlider(options=_options(MTBF_HOURS, gpu_mtbf_hours), value=gpu_mtbf_hours,
+                                          description="GPU MTBF (h)")
+        self.save = W.SelectionSlider(options=_options(SAVE_SECONDS, save_seconds), value=save_seconds,
+                                      description="save (s)")
+        self.interval = W.SelectionSlider(options=_options(INTERVAL_MINUTES, interval_minutes), value=interval_minutes,
+                                          description="interval (min)")
         self.async_save = W.Checkbox(value=async_save, description="asynchronous save")
-        self.restart = W.FloatSlider(value=restart_minutes, min=1, max=60, step=1, description="restart (min)")
+        self.restart = W.IntSlider(value=restart_minutes, min=1, max=60, description="restart (min)")
         for c in (self.gpu_mtbf, self.save, self.interval, self.restart):
             c.style.description_width = "100px"
         self.summary = W.HTML()
