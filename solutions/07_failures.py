@@ -104,12 +104,12 @@ except RankFailedError as err:
 # then "failure detected by watchdog at work sequence id", asks every rank to dump its
 # flight recorder (the last collectives each rank issued, with their stacks), and takes
 # its own process down (`WorkNCCL::handleException`: "To avoid data inconsistency, we are
-# taking the entire process down"), as `TORCH_NCCL_ASYNC_ERROR_HANDLING` asks: 3 by
-# default in `ProcessGroupNCCL`, 1 in workers that torchrun starts
-# (`local_elastic_agent.py`), both of which tear the process down. Its message names the rank that waited and the operation, not the rank
-# that died: finding that one takes the desync report (`TORCH_NCCL_DESYNC_DEBUG`: "ranks
-# [3] are the lagging ranks that caused this timeout") or the flight recorder's dumps side
-# by side. Across nodes NCCL's network transport can notice a dead peer sooner
+# taking the entire process down"). `TORCH_NCCL_ASYNC_ERROR_HANDLING` decides that last
+# part: `ProcessGroupNCCL` defaults to 3 and torchrun sets 1 for its workers
+# (`local_elastic_agent.py`); both tear the process down. The message names the rank that
+# waited and the operation, not the rank that died: finding that one takes the desync
+# report (`TORCH_NCCL_DESYNC_DEBUG`: "ranks [3] are the lagging ranks that caused this
+# timeout") or the flight recorders' dumps side by side. Across nodes NCCL's network transport can notice a dead peer sooner
 # (`ncclRemoteError`, "remote process exited or there was a network error", which the
 # watchdog also polls); inside a node, or when a process hangs instead of dying, only the
 # timeout is left. The emulator knows who died, and its `RankFailedError` says both.
@@ -230,17 +230,19 @@ print(folder.name, sorted(p.name for p in folder.iterdir()))
 manifest = json.loads((folder / ".metadata").read_text())
 print(f"step {manifest['train']['step']}, Adam's step count {manifest['train']['optim_t']}; "
       f"{len(manifest['tensors'])} tensors, {manifest['bytes']:,} bytes; per rank {manifest['bytes_per_rank']}")
-for fqn in ("model.embed.tok.w", "model.blocks.0.mlp.fc1.w", "optim.m.blocks.0.mlp.fc1.w"):
+for fqn in ("model.embed.tok.w", "model.blocks.0.mlp.fc1.w", "optim.m.blocks.0.mlp.fc1.w", "optim.m.blocks.0.ln1.g"):
     t = manifest["tensors"][fqn]
     print(f"{fqn:28s} global {tuple(t['shape'])}: " +
           ", ".join(f"{tuple(c['sizes'])} at {tuple(c['offsets'])} in {c['file']}" for c in t["chunks"]))
 
 # %% [markdown]
 # The vocabulary-parallel embedding is saved as two halves along the vocabulary; the MLP's
-# first matrix as column blocks; its Adam moment, which ZeRO-1 cuts by ranges of the
-# layer's flat vector, as whatever blocks those ranges make (a range of a row-major
-# tensor is a partial row, whole rows, a partial row). Each of the two data-parallel
-# replicas holds the same parameters: DCP writes a block held by several ranks once, by
+# first matrix as column blocks, and so is its Adam moment, which ZeRO-1 gives to the
+# second data-parallel rank whole. ZeRO-1 cuts each layer's moments by ranges of the
+# layer's parameters laid end to end, so a cut can fall inside a tensor: the first norm's
+# gain is split at element 12 between the two data-parallel ranks' ranges. (In a matrix,
+# a range is a partial row, whole rows and a partial row: up to three blocks.) Each of the
+# two data-parallel replicas holds the same parameters: DCP writes a block held by several ranks once, by
 # the holder with the fewest bytes planned so far (`dedup_save_plans` in
 # `torch/distributed/checkpoint/_dedup_save_plans.py`), which spreads the writing over
 # the ranks that hold copies. The manifest is written through a temporary file and a rename
@@ -348,9 +350,10 @@ grade.check_read_block(read_block)
 # %% [markdown]
 # Now the real thing, with the library's loader: saved after 2 of 4 steps on one mesh,
 # resumed on another with `run_on_mesh(model, None, batches[2:], other, opt,
-# resume_from=path)`, against the run that never stopped. A node of 8 GPUs lost from DP 8
-# leaves DP 6 (here 8 "GPUs per node" is the emulator's default layout); the others change
-# the tensor-parallel width, the pipeline split and the ZeRO stage.
+# resume_from=path)`, against the run that never stopped. DP 8 to DP 6 is what losing
+# GPUs does to data parallelism (at scale, losing one 8-GPU node of DP 64 leaves DP 56:
+# the same operation); the others change the tensor-parallel width, the pipeline split and
+# the ZeRO stage.
 
 # %%
 pairs = [(ParallelDims(dp=8), ParallelDims(dp=6)), (ParallelDims(tp=2), ParallelDims(tp=4)),
@@ -405,10 +408,9 @@ print(f"lost: {(crash.at - saved_at) * 1e3:.2f} ms of training since the checkpo
 
 # %% [markdown]
 # On a cluster the restart itself is a launcher's job: `torchrun --max-restarts N` runs an
-# elastic agent that, when any worker fails, stops all the workers of the group and starts
-# them again, up to N times ("if k <= n workers fail all workers are stopped and
-# restarted", `torch/distributed/run.py`); each new worker loads the last checkpoint. The
-# GPU lab of this lesson does exactly that.
+# elastic agent that, when any of its workers fails, stops all of them and starts them
+# again, up to N times (the failure modes in `torch/distributed/run.py`'s documentation);
+# each new worker loads the last checkpoint. The GPU lab of this lesson does exactly that.
 #
 # ## 7. How often to save
 #
@@ -517,9 +519,9 @@ grade.napkin_goodput(napkin_goodput)
 #   once; without one, resharding (section 5) continues on fewer GPUs. A spare costs its
 #   GPUs' idle time; going on smaller costs throughput until the node returns.
 # * **Checkpoint in memory.** Gemini (Wang et al., SOSP 2023) keeps checkpoints in the CPU
-#   memory of the machine and of peers, falling back to remote storage only when both
-#   copies are lost, and reports failure recovery 13 times faster: the price is host memory
-#   on every machine and the traffic to copy each checkpoint to a peer.
+#   memory of the machine and of peers, with remote storage as the last resort when every
+#   machine holding a copy is lost, and reports failure recovery 13 times faster: the price
+#   is host memory on every machine and the traffic to copy each checkpoint to a peer.
 #
 # ## 9. Explore
 #
