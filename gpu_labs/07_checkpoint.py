@@ -121,7 +121,8 @@ def main():
         if differ:
             fail(f"the emulator's overlap differs from DCP's planner for {differ[0]}")
         say(f"resumed from {last.name}: step {start}, saved by {saved_by} ranks, loaded on {n}; for rank {rank}'s "
-            f"shards, DCP's planner and emulator.parallel.reshard agree on all {compared} (saved chunk, shard) overlaps")
+            f"shards, DCP's planner and emulator.parallel.reshard agree on all {compared} (saved chunk, shard) "
+            f"overlaps")
         if args.self_test_fault:  # forget Adam's moments after loading: the check below must catch it
             for st in opt.state.values():
                 st["exp_avg"].zero_()
@@ -146,7 +147,8 @@ def main():
             save(folder, model, opt, train)
             seconds = time.perf_counter() - t
             nbytes = saved_bytes(folder)
-            say(f"step {done}: saved {nbytes:,} bytes ({nbytes // n:,} per rank on average) in {seconds * 1e3:.1f} ms; on "
+            say(f"step {done}: saved {nbytes:,} bytes ({nbytes // n:,} per rank on average) in {seconds * 1e3:.1f} "
+                f"ms; on "
                 f"Llama 3's storage ({Storage().write_bandwidth / 1e6:.0f} MB/s per GPU) the emulator charges "
                 f"{Storage().write_seconds(nbytes / n) * 1e3:.3f} ms synchronous, "
                 f"{Storage().copy_seconds(nbytes / n) * 1e6:.1f} us asynchronous")

@@ -109,10 +109,11 @@ except RankFailedError as err:
 # (`local_elastic_agent.py`); both tear the process down. The message names the rank that
 # waited and the operation, not the rank that died: finding that one takes the desync
 # report (`TORCH_NCCL_DESYNC_DEBUG`: "ranks [3] are the lagging ranks that caused this
-# timeout") or the flight recorders' dumps side by side. Across nodes NCCL's network transport can notice a dead peer sooner
-# (`ncclRemoteError`, "remote process exited or there was a network error", which the
-# watchdog also polls); inside a node, or when a process hangs instead of dying, only the
-# timeout is left. The emulator knows who died, and its `RankFailedError` says both.
+# timeout") or the flight recorders' dumps side by side. Across nodes NCCL's network
+# transport can notice a dead peer sooner (`ncclRemoteError`, "remote process exited or
+# there was a network error", which the watchdog also polls); inside a node, or when a
+# process hangs instead of dying, only the timeout is left. The emulator knows who died,
+# and its `RankFailedError` says both.
 #
 # The timeout counts from when each rank *issued* its operation, so every survivor stops
 # at its own time, 600 s after its oldest unfinished call:
@@ -394,8 +395,8 @@ except RankFailedError as err:
     crash = err
 last = Checkpoint(work / "story")
 stopped = min(t.time for t in crash.timeouts.values())
-print(f"rank {crash.rank} died at {crash.at * 1e3:.2f} ms; complete checkpoints: {[p.name for p in crash.checkpoints]}; "
-      f"the first watchdog fired at {stopped:.3f} s")
+print(f"rank {crash.rank} died at {crash.at * 1e3:.2f} ms; complete checkpoints: "
+      f"{[p.name for p in crash.checkpoints]}; the first watchdog fired at {stopped:.3f} s")
 restarted = run_on_mesh(model, None, batches[last.step:], ParallelDims(dp=2, tp=2), adam(), topology=small_gpu,
                         resume_from=last)
 worst = max(float(np.max(np.abs(restarted.params[k] - clean.params[k]))) for k in params)
@@ -460,7 +461,8 @@ fig, ax = plt.subplots(figsize=(7.5, 3.0))
 ax.semilogx(grid / 60, expected, label="expected (Daly's model)")
 ax.plot(grid[::3] / 60, simulated, "o", ms=4, color="black", label="simulated (100 runs)")
 ax.axvline(best / 60, color="C2", ls="--", label=f"Daly's optimum, {best / 60:.1f} min")
-ax.axvline(F.young_interval(save, job) / 60, color="C3", lw=1, label=f"Young's, {F.young_interval(save, job) / 60:.1f} min")
+young = F.young_interval(save, job)
+ax.axvline(young / 60, color="C3", lw=1, label=f"Young's, {young / 60:.1f} min")
 ax.set_xlabel("checkpoint interval (minutes)")
 ax.set_ylabel("goodput")
 ax.set_title("16,384 GPUs at Llama 3's failure rate, 60 s saves, 15 min restarts", fontsize=9)

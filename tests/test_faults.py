@@ -167,7 +167,8 @@ def test_deadlock_without_a_failure_is_still_a_deadlock():
 
     with pytest.raises(DeadlockError):
         World(2, faults=[Straggler(1, 2.0)]).run(bad)
-    with pytest.raises(DeadlockError):  # a failure that has not happened when the program deadlocks: its cause is the bug
+    # a failure still to come when the program deadlocks: the deadlock is the bug
+    with pytest.raises(DeadlockError):
         World(2, faults=[RankFailure(1, at=1e6)]).run(bad)
 
 

@@ -274,8 +274,8 @@ def napkin_goodput(fn):
         models = (_goodput_first_order(**case), _goodput_daly(**case))
         ok = any(abs(got - m) <= 0.02 * m for m in models)
         args = ", ".join(f"{k}={v:g}" for k, v in case.items())
-        expect(ok, f"{what} ({args}): expected about {models[0]:.4f} (to first order; {models[1]:.4f} in Daly's model), "
-                   f"got {got:.4g}. The job fails every GPU MTBF / GPUs; per interval you pay one save, per failure half "
-                   f"an interval of lost work and the restart")
+        expect(ok, f"{what} ({args}): expected about {models[0]:.4f} (to first order; {models[1]:.4f} in Daly's "
+                   f"model), got {got:.4g}. The job fails every GPU MTBF / GPUs; per interval you pay one save, per "
+                   f"failure half an interval of lost work and the restart")
     passed(what, f"goodput {_goodput_first_order(**GOODPUT_CASES[0]):.3f} for 16,384 GPUs checkpointing every 20 "
                  f"minutes (Daly's model: {_goodput_daly(**GOODPUT_CASES[0]):.3f})")
