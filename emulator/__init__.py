@@ -8,7 +8,8 @@ from .algorithms import global_view as collectives
 from .records.calls import Call
 from .engine.comm import Comm
 from .errors import (CollectiveMismatchError, ConfigError, DeadlockError, EmulatorError, GroupError,
-                     MemoryLedgerError, MeshError, PeerError, RankError, ShapeError)
+                     MemoryLedgerError, MeshError, PeerError, RankError, RankFailedError, ShapeError)
+from .engine.faults import RankFailure, Straggler, WatchdogTimeout
 from .records.memory import KINDS as MEMORY_KINDS
 from .records.memory import MemoryLedger
 from .mesh import Mesh
@@ -26,7 +27,7 @@ __all__ = [
     "ReduceOp", "REDUCE_OPS", "MemoryLedger", "MEMORY_KINDS", "Table", "human_bytes", "Event", "Stats",
     "Timeline", "TraceRecord", "Call", "collectives", "EmulatorError", "ConfigError",
     "CollectiveMismatchError", "DeadlockError", "RankError", "ShapeError", "PeerError", "GroupError",
-    "MeshError", "MemoryLedgerError",
+    "MeshError", "MemoryLedgerError", "RankFailure", "Straggler", "WatchdogTimeout", "RankFailedError",
 ]
 
 

@@ -43,6 +43,25 @@ class RankError(EmulatorError):
         )
 
 
+class RankFailedError(EmulatorError):
+    """A rank died (a :class:`~emulator.engine.faults.RankFailure`) and the job stopped.
+
+    ``rank`` is the first rank that died and ``at`` when (simulated seconds); ``dead``
+    maps every rank that died to its time; ``timeouts`` maps every other rank that was
+    still running to its :class:`~emulator.engine.faults.WatchdogTimeout` (the collective
+    and group it waited in, the ranks that never joined, when its watchdog fired);
+    ``world`` is the World, whose timeline and trace show the run up to the end;
+    ``checkpoints``: the folders of the saves that completed before it (``run_on_mesh``
+    with ``checkpoint_dir=``)."""
+
+    def __init__(self, message, dead, timeouts, world=None):
+        self.dead, self.timeouts, self.world = dict(dead), dict(timeouts), world
+        self.checkpoints = []
+        self.rank = min(self.dead, key=lambda r: (self.dead[r], r))
+        self.at = self.dead[self.rank]
+        super().__init__(message)
+
+
 class ShapeError(ConfigError):
     """An array cannot be used the way the collective needs (e.g. uneven split)."""
 

@@ -28,6 +28,7 @@
 # | 04 | [Context parallelism](04_context_parallel.ipynb) | the online softmax on one device, the ring attention forward with its transfers hidden behind compute, the zigzag layout and its causal masks, the ring backward; all-gather K/V and Ulysses measured beside the ring; bf16 vs fp32 running sums | ring attention stepper | `gpu_labs/04_context_parallel.py` |
 # | 05 | [Expert parallelism](05_expert_parallel.ipynb) | top-k routing, the permutation into expert order and back, the expert-parallel forward (count exchange, dispatch, combine) and backward, capacity with dropping; imbalance as time, two-hop all-to-all across nodes, EP vs TP for experts, three published MoE models | routing explorer | `gpu_labs/05_expert_parallel.py` |
 # | 06 | The mesh *(planned)* | DP x TP x PP composed; planner; case studies | mesh planner | |
+# | 07 | [When GPUs fail](07_failures.ipynb) | a dead rank and the watchdog that stops its peers, a straggler found in a timeline; sharded checkpoints (optimizer, data position, RNG, a manifest), synchronous and asynchronous saves on the clock; the block reader that reshards a checkpoint onto another mesh (DP 8 to DP 6, TP 2 to TP 4, ZeRO-3 to ZeRO-1); Young's and Daly's checkpoint interval against Monte Carlo at Llama 3's failure rate | failure and checkpoint explorer | `gpu_labs/07_checkpoint.py` |
 #
 # ## How to work through a lesson
 #
@@ -102,7 +103,7 @@
 # and writes one row per student: PASS, FAIL, NOT ATTEMPTED or NOT RUN for every exercise
 # by its name, and the first failure's message. `pytest --nbval-lax` works too: an
 # unfinished lesson fails at its last cell. Problem sets with different numbers for every
-# student (the napkins of lessons 00 to 05 and Problems 8.1 to 8.4; answers are JSON,
+# student (the napkins of the lessons and Problems 8.1 to 8.4; answers are JSON,
 # graded against the same functions as the checks):
 #
 # ```
@@ -165,3 +166,13 @@
 # | **micro-batch** | a slice of the batch processed as a unit (pipelines, gradient accumulation) |
 # | **Ψ (psi)** | number of parameters |
 # | **K** | optimizer bytes per parameter (12 for mixed-precision Adam) |
+# | **MTBF** | mean time between failures; a job of N GPUs that fail independently fails N times as often as one |
+# | **watchdog** | ProcessGroupNCCL's thread that stops a process whose collective has waited longer than its timeout (10 minutes by default) |
+# | **straggler** | a rank that is slow, not dead: every collective waits for it |
+# | **checkpoint** | what every rank saves to restart from: its shards of parameters and optimizer state, the data position, the RNG state |
+# | **manifest** | a checkpoint's index, written last: each tensor's global shape and the offsets and sizes of its saved chunks |
+# | **asynchronous checkpoint** | a save that stops training only to copy the state to host memory, then writes it in the background |
+# | **resharding** | loading a checkpoint onto another mesh: each rank reads the parts of the saved chunks that overlap its own block |
+# | **goodput** | the share of wall time that is new progress, after saves, lost work and restarts |
+# | **Young/Daly interval** | the checkpoint interval that maximises goodput, about the square root of 2 × save cost × MTBF |
+# | **elastic restart** | `torchrun --max-restarts`: when a worker fails, the agent stops all workers and starts them again |

@@ -95,3 +95,15 @@ def test_schedule_grid_draws_every_action_and_titles_the_bubble():
     n_bars = sum(len(c.get_paths()) for c in ax.collections)
     assert n_bars == sum(len(acts) for acts in s)
     assert ax.get_title() == f"bubble {bubble_of(simulate(s, (1, 1, 1))):.1%}" == "bubble 33.3%"
+
+
+def test_gantt_draws_a_lane_colour_as_one_collection():
+    """Thousands of events (a checkpointed run's layer by layer kernels) draw in a fraction of
+    a second: one collection per lane and colour, not one per event."""
+    world = World(2)
+    world.run(lambda comm: [comm.compute(seconds=1e-6, name="k") for _ in range(500)] and comm.all_reduce(np.ones(4)))
+    tl = world.timeline()
+    ax = viz.gantt(tl).axes[0]
+    bars = [c for c in ax.collections if len(c.get_paths())]
+    assert sum(len(c.get_paths()) for c in bars) == len(tl.events)
+    assert len(bars) <= 2 * 3  # per rank: compute, idle, and the comm lane

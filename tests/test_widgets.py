@@ -125,3 +125,29 @@ def test_routing_explorer_model_and_widget():
     w.ep.value = 8  # 4 experts over 8 ranks: said in the widget, not raised
     assert "do not split over EP 8" in w.summary.value
     assert w.state is last and w.image.value == image  # the last accepted picture stays
+
+
+def test_failure_explorer_model_and_widget():
+    from emulator.accounting import failures as F
+    from emulator.widgets import FailureExplorer, failure_explorer_model
+
+    llama = failure_explorer_model()
+    assert llama["mtbf"] / 3600 == pytest.approx(3.09, abs=0.01)  # Llama 3's rate: 16,384 GPUs
+    assert llama["best"] == pytest.approx(F.daly_interval(60, llama["mtbf"]), rel=0.01)
+    assert llama["expected"] <= llama["at_best"] and "best interval is 18.6 min" in llama["text"]
+    kinds = {s.kind for s in llama["spans"]}
+    assert {"work", "save"} <= kinds and len(llama["failures"]) > 0
+    bigger = failure_explorer_model(gpus=65536)
+    assert bigger["mtbf"] == pytest.approx(llama["mtbf"] / 4) and bigger["at_best"] < llama["at_best"]
+    asyn = failure_explorer_model(async_save=True)
+    assert asyn["at_best"] > llama["at_best"] and "background" in asyn["text"]
+    assert asyn["best"] >= 60  # no shorter than its background write
+    w = FailureExplorer()
+    before, image = w.summary.value, w.image.value
+    w.interval.value = 60
+    assert w.summary.value != before and w.image.value != image and "Saving every 60 min" in w.summary.value
+    assert FailureExplorer(interval_minutes=25).interval.options[6] == 25  # a value not on the slider joins it
+    w.async_save.value = True
+    assert "asynchronous" in w.summary.value
+    w.gpus.value = 131072
+    assert "the job fails every 0.39 h" in w.summary.value

@@ -13,8 +13,11 @@ rank's clock moves to the operation's end, and the gap shows as idle.
 Times are simulated seconds, never wall time.
 """
 
+import math
+
 import numpy as np
 
+from .faults import RankDied
 from ..machine.links import PortBook, pattern_of, port_count, port_tables
 from ..records.trace import Batch
 
@@ -40,9 +43,10 @@ def p2p_stream(src, dst):
 class Clock:
     """The streams, port bookings, trace batches and timeline events of one run."""
 
-    def __init__(self, n, topology, patterns, representative=None):
+    def __init__(self, n, topology, patterns, representative=None, deadline=None):
         self.n, self.topology = n, topology
         self.compute = [0.0] * n
+        self.deadline = list(deadline) if deadline is not None else [math.inf] * n  # when a rank dies
         self.streams = {}  # (rank, stream name) -> when that stream is free
         self.events = []  # (rank, stream, kind, name, start, end, group)
         self.batches = []
@@ -61,17 +65,37 @@ class Clock:
             self.events.append((rank, stream, kind, name, start, end, group))
 
     def advance(self, rank, seconds, name):
-        """Compute on ``rank`` for ``seconds``."""
+        """Compute on ``rank`` for ``seconds`` (a rank that dies meanwhile stops then:
+        :class:`~emulator.engine.faults.RankDied`)."""
         t = self.compute[rank]
-        self.event(rank, "compute", "compute", name, t, t + seconds)
-        self.compute[rank] = t + seconds
+        end = min(t + seconds, self.deadline[rank])
+        self.event(rank, "compute", "compute", name, t, end)
+        self.compute[rank] = max(t, end)
+        if t + seconds > self.deadline[rank]:
+            raise RankDied(rank, self.deadline[rank])
 
     def join(self, rank, end, what):
         """``rank`` waits for an operation that ends at ``end``."""
         t = self.compute[rank]
-        if end > t:
-            self.event(rank, "compute", "idle", f"wait {what}", t, end)
-            self.compute[rank] = end
+        stop = min(end, self.deadline[rank])
+        if stop > t:
+            self.event(rank, "compute", "idle", f"wait {what}", t, stop)
+            self.compute[rank] = stop
+        if end > self.deadline[rank]:
+            raise RankDied(rank, self.deadline[rank])
+
+    def background(self, rank, stream, seconds, name, kind="io"):
+        """Work that runs beside the compute stream (a checkpoint's writer): on ``stream``
+        of ``rank``, after what it holds and not before now. Returns when it ends."""
+        start = max(self.compute[rank], self.free(rank, stream))
+        self.event(rank, stream, kind, name, start, start + seconds)
+        self.streams[(rank, stream)] = start + seconds
+        return start + seconds
+
+    def check_alive(self, rank):
+        """Before ``rank`` issues an operation: it has died if its clock reached its deadline."""
+        if self.compute[rank] >= self.deadline[rank]:
+            raise RankDied(rank, self.deadline[rank])
 
     def charge(self, op, label, steps, ranks, t0, streams, names):
         """Place an operation whose ``steps`` (Messages, group-local ranks) run on the
@@ -92,6 +116,15 @@ class Clock:
             self.events.extend([(r, s, "comm", name, start, end, label) for r, s, name in zip(ranks, streams, names)])
         self.streams.update({(r, s): end for r, s in zip(ranks, streams)})
         return start, end
+
+    def span(self, steps, ranks, t0):
+        """When an operation would run (start, end) if charged now, booking nothing."""
+        pattern = self._pattern(steps, ranks) if steps else None
+        if pattern is None:
+            return t0, t0
+        ports = pattern.ports if self.port_map is None else np.unique(self.port_map[pattern.ports])
+        start = self.ports.place(ports, pattern.total, t0)
+        return start, start + pattern.total
 
     def _pattern(self, steps, ranks):
         # a fixed pattern (a cached tuple of Messages) is timed once per group; the cache

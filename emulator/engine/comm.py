@@ -136,7 +136,25 @@ class Comm(PointToPoint):
             dur = seconds if seconds is not None else flops / self._world.topology.flops
         if not dur >= 0:
             raise ConfigError(f"rank {self.global_rank}: compute() got a negative duration ({dur})")
+        dur *= self._world.faults.slowdown[self.global_rank]  # a straggler (emulator.engine.faults)
         self._world.clock.advance(self.global_rank, dur, name)
+
+    def storage(self, seconds, name="storage", background=False):
+        """Time on storage (a checkpoint's write or read): on the compute stream, which
+        waits; or, ``background=True``, on this rank's ``storage`` stream while compute
+        goes on (an asynchronous save's writer), after what that stream holds. Returns
+        when it ends."""
+        if not seconds >= 0:
+            raise ConfigError(f"rank {self.global_rank}: storage() got a negative duration ({seconds})")
+        if background:
+            return self._world.clock.background(self.global_rank, "storage", seconds, name)
+        self._world.clock.advance(self.global_rank, seconds, name)
+        return self.now
+
+    def wait_storage(self, what="storage"):
+        """Wait until this rank's ``storage`` stream is done (before reusing what it writes)."""
+        clock = self._world.clock
+        clock.join(self.global_rank, clock.free(self.global_rank, "storage"), what)
 
     # ----------------------------------------------------------------- collectives
     def _check_member(self, op):
@@ -149,6 +167,7 @@ class Comm(PointToPoint):
         if not self.member:
             self._check_member(op)
         w, me, key = self._world, self.global_rank, self.ranks
+        w.clock.check_alive(me)
         w.calls[me].append(Call(op, self.label, nbytes))
         seq = w._seq.get((key, me), 0)
         w._seq[(key, me)] = seq + 1
@@ -186,6 +205,10 @@ class Comm(PointToPoint):
         results, steps = run([inputs[i] for i in range(self.size)])
         stream = collective_stream(self.label)
         t0 = max(max(rv.ready[r], w.clock.free(r, stream)) for r in rv.ready)
+        if w.faults.interrupted(w.clock, self.ranks, steps, t0):  # a member dies before it ends: never completes
+            rv.inputs = None
+            w._broken.append(rv)
+            return
         _, rv.end = w.clock.charge(rv.op, self.label, steps, self.ranks, t0, [stream] * self.size,
                                    [rv.op] * self.size)
         rv.results, rv.done, rv.inputs = results, True, None

@@ -163,6 +163,7 @@ class PointToPoint:
     def _enqueue(self, kind, array, peer, grouped):
         g_peer = self._peer(peer, kind)
         w, me = self._world, self.global_rank
+        w.clock.check_alive(me)
         src, dst = (me, g_peer) if kind == "send" else (g_peer, me)
         box = w._p2p.setdefault((self.ranks, src, dst), ([], []))
         mine, other = (box[0], box[1]) if kind == "send" else (box[1], box[0])
@@ -213,6 +214,8 @@ class PointToPoint:
                  + queued)
         steps = [Messages("p2p", np.array([0]), np.array([1]), np.array([0]), np.array([data.nbytes]), False,
                           exclusive=True)]
+        if w.faults.interrupted(w.clock, (send.rank, recv.rank), steps, t0):  # one side dies first: never arrives
+            return
         _, end = w.clock.charge("send", self.label, steps, (send.rank, recv.rank), t0, (stream, stream),
                                 (send.op, recv.op))
         recv.call.nbytes = data.nbytes

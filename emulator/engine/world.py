@@ -9,7 +9,9 @@ the matching receive, as NCCL's do (:mod:`emulator.engine.p2p`). So:
 * results never depend on scheduling, and runs are deterministic;
 * a deadlock is exact: nothing is ready and some rank has not returned;
 * time is simulated (:mod:`emulator.engine.clock`): a compute stream and a stream per group on
-  each rank, links shared as :mod:`emulator.machine.links` describes.
+  each rank, links shared as :mod:`emulator.machine.links` describes;
+* ``faults=`` kills a rank at a simulated time or slows it down (:mod:`emulator.engine.faults`):
+  the others wait until their watchdog fires, and ``run`` raises a ``RankFailedError``.
 
 Errors (all subclasses of ``EmulatorError``) are raised from ``run`` at once.
 """
@@ -23,6 +25,7 @@ import numpy as np
 from ..algorithms import step_plans as P
 from .clock import Clock
 from .comm import Comm
+from .faults import DEFAULT_WATCHDOG_TIMEOUT, Faults, RankDied, Unfinished, resolve
 from ..errors import ConfigError, DeadlockError, EmulatorError, MeshError, RankError
 from ..records.memory import MemoryLedger
 from ..mesh import Mesh
@@ -60,10 +63,13 @@ class World:
     :class:`~emulator.mesh.Mesh`; last axis innermost, so consecutive ranks, which share a
     node, differ in the last axis). ``topology`` defaults to H100 nodes of 8 GPUs.
     ``algorithm`` is the default for all_reduce, reduce_scatter and all_gather:
-    ``"ring"``, ``"tree"`` or ``"naive"``.
+    ``"ring"``, ``"tree"`` or ``"naive"``. ``faults``: :class:`~emulator.engine.faults.RankFailure`
+    and :class:`~emulator.engine.faults.Straggler` entries; ``watchdog_timeout``: seconds a
+    rank waits in an operation before its watchdog takes it down (ProcessGroupNCCL's 600).
     """
 
-    def __init__(self, n=None, mesh=None, topology=None, algorithm="ring", fold=()):
+    def __init__(self, n=None, mesh=None, topology=None, algorithm="ring", fold=(), faults=(),
+                 watchdog_timeout=DEFAULT_WATCHDOG_TIMEOUT):
         n, self.mesh, self.topology = _mesh_and_topology(n, mesh, topology)
         if not (isinstance(n, (int, np.integer)) and n >= 1):
             raise ConfigError(f"World needs a positive number of ranks, got {n!r}")
@@ -71,6 +77,7 @@ class World:
         self.size = int(n)
         self.algorithm = algorithm
         self._fold(tuple(fold))
+        self.faults = Faults(faults, self.size, watchdog_timeout, folded=bool(self.fold))
         self._patterns = {}
         self._live_counts = {}  # group ranks -> how many of them run
         self._reset()
@@ -101,7 +108,7 @@ class World:
     # ----------------------------------------------------------------- state of one run
     def _reset(self):
         n = self.size
-        self.clock = Clock(n, self.topology, self._patterns, self.representative)
+        self.clock = Clock(n, self.topology, self._patterns, self.representative, self.faults.deadline)
         self.memory = [MemoryLedger(r, self._clock_of(r)) for r in range(n)]
         self.calls = [[] for _ in range(n)]  # per rank, the Calls it issued (emulator.records.calls)
         self._pending = {}  # (group ranks, seq) -> Rendezvous
@@ -112,6 +119,9 @@ class World:
         self._finished = [False] * n
         self._failure = None
         self._trace_cache = None
+        self.dead = {}  # rank -> when it died (a RankFailure)
+        self._broken = []  # collectives a dying member never finished
+        self.faults.doomed = set()
 
     def _clock_of(self, r):
         return lambda: self.clock.compute[r]
@@ -128,6 +138,8 @@ class World:
                 results[rank] = fn(Comm(self, rank, tuple(range(self.size)), "world"), *args, **kwargs)
             except greenlet.GreenletExit:
                 raise
+            except RankDied as died:
+                self.dead[rank] = died.at
             except EmulatorError as exc:
                 self._failure = exc
             except BaseException as exc:  # noqa: BLE001 -- re-raised below with the rank
@@ -146,9 +158,27 @@ class World:
                 t.throw(greenlet.GreenletExit)
         if self._failure is not None:
             raise self._failure
-        if not all(self._finished[r] for r in self.live):
+        if self.dead or self.faults.doomed or not all(self._finished[r] for r in self.live):
+            failed = resolve(self)
+            if failed is not None:
+                raise failed
             raise DeadlockError(self._describe_deadlock())
         return results
+
+    def finished(self, rank):
+        """Has ``rank`` returned (or died) in the last run?"""
+        return self._finished[rank]
+
+    def unfinished_ops(self, rank):
+        """The operations ``rank`` issued that never completed (for the watchdog)."""
+        out = [Unfinished(rv.op, rv.seq, rv.label, rv.ranks, [m for m in rv.ranks if m not in rv.ready],
+                          rv.ready[rank]) for rv in self._pending.values() if rank in rv.ready]
+        out += [Unfinished(rv.op, rv.seq, rv.label, rv.ranks, sorted(self.faults.doomed & set(rv.ranks)),
+                           rv.ready[rank]) for rv in self._broken if rank in rv.ready]
+        for (ranks, _, _), sides in self._p2p.items():
+            out += [Unfinished(side.kind, side.k, side.label, ranks, [side.peer], side.issued)
+                    for box in sides for side in box if side.rank == rank and not side.done]
+        return out
 
     def live_members(self, ranks):
         """The group-local indices of ``ranks`` that run (all of them unless folded)."""
@@ -208,7 +238,8 @@ class World:
         events = [Event(*e) for e in self.clock.events if e[0] in live]
         for r in self.live:
             if self.clock.compute[r] < end:
-                events.append(Event(r, "compute", "idle", "finished", self.clock.compute[r], end))
+                events.append(Event(r, "compute", "idle", "failed" if r in self.dead else "finished",
+                                    self.clock.compute[r], end))
         return Timeline(events, self.size)
 
     def save_chrome_trace(self, path):

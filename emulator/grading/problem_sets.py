@@ -109,6 +109,22 @@ def napkin_5_2(rng):
             "hot_share": _pick(rng, [0.1, 0.2, 0.3, 0.5])}
 
 
+def napkin_7_1(rng):
+    return {"gpus": _pick(rng, [2048, 4096, 8192, 16384, 32768, 65536]), "timeout_minutes": _pick(rng, [2, 5, 10, 30])}
+
+
+def napkin_7_2(rng):
+    """Numbers for which the first-order goodput is within 1% of Daly's (both are accepted)."""
+    from .lesson07 import _goodput_daly, _goodput_first_order
+
+    while True:
+        p = {"gpus": _pick(rng, [2048, 4096, 8192, 16384, 32768]), "gpu_mtbf_hours": _pick(rng, [30000, 50000, 80000]),
+             "interval_minutes": _pick(rng, [10, 15, 20, 30, 60]), "save_seconds": _pick(rng, [10, 30, 60, 120]),
+             "restart_minutes": _pick(rng, [2, 5, 10, 15])}
+        if abs(_goodput_first_order(**p) / _goodput_daly(**p) - 1) < 0.01:
+            return p
+
+
 PROBLEMS = {
     "Napkin 0.1": (napkin_0_1, "A model of {n_params:g} parameters keeps bf16 gradients. Data parallelism over "
                                "{n_gpus} GPUs, {gpus_per_node} per node (one 400G NIC per GPU), all-reduces them "
@@ -163,12 +179,18 @@ PROBLEMS = {
                                "(capacity ceil(c T k / E) per expert). One expert receives {hot_share:g} of all "
                                "assignments and the others share the rest evenly. How many assignments are dropped? "
                                "(within one assignment)"),
+    "Napkin 7.1": (napkin_7_1, "A rank of a {gpus}-GPU job dies; every other GPU waits in its collective until its "
+                               "watchdog fires after {timeout_minutes} minutes. How many GPU-hours are spent waiting?"),
+    "Napkin 7.2": (napkin_7_2, "{gpus} GPUs each fail once every {gpu_mtbf_hours} hours on average. The job saves a "
+                               "checkpoint every {interval_minutes} minutes, which stops training for {save_seconds} s; "
+                               "each failure costs {restart_minutes} minutes to detect and restart, plus the work since "
+                               "the last checkpoint. Goodput (share of time making progress), to first order?"),
 }
 
 # In the order the lessons pose them (Problem 8.1 in lesson 01, 8.3 and 8.4 in 02, 8.2 in 03).
 PROBLEMS = {k: PROBLEMS[k] for k in ("Napkin 0.1", "Napkin 0.2", "Napkin 0.3", "Problem 8.1", "Problem 8.3",
                                      "Napkin 2.1", "Problem 8.4", "Problem 8.2", "Napkin 3.1", "Napkin 4.2",
-                                     "Napkin 4.1", "Napkin 5.1", "Napkin 5.2")}
+                                     "Napkin 4.1", "Napkin 5.1", "Napkin 5.2", "Napkin 7.1", "Napkin 7.2")}
 
 
 def variant(student, problem):
@@ -218,6 +240,14 @@ def model_answer(problem, p):
         return moe.all_to_all_bytes_per_layer(**p)
     if problem == "Napkin 5.2":
         return moe.expected_drops(**p)
+    if problem == "Napkin 7.1":
+        from .lesson07 import _watchdog_model
+
+        return _watchdog_model(**p)[0]
+    if problem == "Napkin 7.2":
+        from .lesson07 import _goodput_first_order
+
+        return _goodput_first_order(**p)
     parts = {z: zero_bytes_per_gpu(p["n_params"], p["dp_size"], z) for z in range(4)}
     answer = {str(z): [b.params / 1e9, b.grads / 1e9, b.optimizer / 1e9] for z, b in parts.items()}
     answer["fits"] = [z for z, b in parts.items() if b / 1e9 <= p["gpu_gb"]]
@@ -255,6 +285,11 @@ def grade_answer(problem, p, answer):
             return True, ""
         exact = isinstance(want[bad[0]], int)
         return False, f"answer {bad[0] + 1} is {'not the exact count' if exact else f'off by more than {TOLERANCE:.0%}'}"
+    if problem == "Napkin 7.2":  # first order, or Daly's exact expectation
+        from .lesson07 import _goodput_daly
+
+        ok = _close(answer, want) or _close(answer, _goodput_daly(**p))
+        return ok, "" if ok else f"{answer} is off by more than {TOLERANCE:.0%} (to first order: {want:.4f})"
     if problem == "Napkin 5.2":  # a count that may be 0: one assignment of slack
         try:
             ok = abs(float(answer) - want) <= max(1.0, TOLERANCE * want)

@@ -23,22 +23,30 @@ At the end the full parameters are put back together from every rank's (``unshar
 ``run_on_mesh(model, params, batches, dims, opt)`` equals
 ``train_single(model, params, batches, opt, micro_batches=dims.dp * dims.micro_batches)``.
 
+``checkpoint_dir=path`` saves a sharded checkpoint after the last step (or as a
+:class:`~emulator.parallel.checkpoint.Checkpointing` says), and ``resume_from=path``
+starts from the latest complete one instead of ``params``, on any valid mesh
+(:mod:`emulator.parallel.checkpoint`); ``faults=`` are the World's
+(:mod:`emulator.engine.faults`).
+
 ``shape_only=True`` runs the same programs on arrays without values
 (:mod:`emulator.engine.shape_only`): ``params`` may be None, ``batches`` may be
 :func:`shape_only_batches`; the trace, the ledgers and the timeline are what the data run
 would give (a router routes evenly), and ``run.params`` is None.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..engine.shape_only import ShapeArray, is_shape_only, shape_only_params
+from ..engine.faults import DEFAULT_WATCHDOG_TIMEOUT
 from ..engine.world import World
-from ..errors import ConfigError
+from ..errors import ConfigError, RankFailedError
 from ..machine.topology import Topology
 from ..training import clip_coefficient, split_batch
 from . import STRATEGIES
+from .checkpoint import Restart, Saver, TrainState
 from .context_parallel.layout import split_sequence
 from .mesh_model import RankModel, check_model
 from .pipeline import PipelineStage, run_actions, schedule, split_layers
@@ -152,13 +160,18 @@ class MeshHooks:
 class MeshRun:
     """What ``run_on_mesh`` returns: the full ``params`` after the steps, the ``losses``
     per step (the mean cross-entropy), the ``world`` (trace, timeline, ledgers), the
-    ``dims``, and each rank's layers (``stages``)."""
+    ``dims``, and each rank's layers (``stages``); ``start_step``: the steps trained
+    before (from the checkpoint it resumed from), ``seeds``: the job's random draw of
+    each step, ``checkpoints``: the folders of the complete saves it made."""
 
     params: dict
     losses: list
     world: object
     dims: object
     stages: list
+    start_step: int = 0
+    seeds: list = field(default_factory=list)
+    checkpoints: list = field(default_factory=list)
 
     def ranks(self):
         """The ranks that ran (every rank, or the representatives of a folded run)."""
@@ -230,19 +243,24 @@ def shape_only_batches(steps, batch, seq):
 
 
 def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_grad_norm=None, shape_only=False,
-                fold=None):
+                fold=None, checkpoint_dir=None, resume_from=None, faults=(), watchdog_timeout=DEFAULT_WATCHDOG_TIMEOUT):
     """Train ``model`` (an ``nn.GPT``) from ``params`` on ``batches`` with the parallelism
     ``dims``; returns a :class:`MeshRun`. ``fold`` (shape-only runs; default ``("dp",
     "tp")``): mesh axes whose ranks all do the same, run once per set (see
     :class:`~emulator.engine.world.World`); the groups that cross them are charged for
-    every rank on the real topology."""
+    every rank on the real topology. ``checkpoint_dir``: a folder (or a ``Checkpointing``)
+    to save into; ``resume_from``: a checkpoint (or its folder) to start from, with
+    ``params=None``; ``faults``, ``watchdog_timeout``: as ``World``'s."""
     check_model(model)
+    restart = _restart(model, params, optimizer, resume_from, shape_only)
+    if shape_only and checkpoint_dir is not None:
+        raise ConfigError("checkpoint_dir= needs data: a shape-only run has none to save")
     if shape_only:
         params = shape_only_params(model) if params is None else {k: ShapeArray(v.shape, v.dtype)
                                                                    for k, v in params.items()}
         batches = [tuple(a if is_shape_only(a) else ShapeArray(np.shape(a), np.int64) for a in b) for b in batches]
-    elif params is None:
-        raise ConfigError("run_on_mesh needs the model's params (or shape_only=True)")
+    elif params is None and restart is None:
+        raise ConfigError("run_on_mesh needs the model's params (or shape_only=True, or resume_from=)")
     x0 = batches[0][0]
     dims.validate(model, seq_len=np.shape(x0)[1], batch=np.shape(x0)[0])
     topology = topology or Topology()
@@ -250,7 +268,12 @@ def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_gra
         fold = ("dp", "tp") if shape_only else ()
     if fold and not shape_only:
         raise ConfigError("fold= needs shape_only=True: folded ranks have no data of their own")
-    world = World(mesh=dims.mesh(topology.gpus_per_node), topology=topology, fold=fold)
+    world = World(mesh=dims.mesh(topology.gpus_per_node), topology=topology, fold=fold, faults=faults,
+                  watchdog_timeout=watchdog_timeout)
+    saver = Saver(checkpoint_dir, dims.world_size) if checkpoint_dir is not None else None
+    first_step = restart.checkpoint.step if restart is not None else 0
+    if saver is not None:
+        saver.prepare(first_step, len(batches))
     names = [n for n, _ in model.layers]
     runs = split_layers(model, dims.stages)
     actions = schedule(dims.schedule, dims.pp, dims.micro_batches, dims.v)
@@ -264,13 +287,17 @@ def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_gra
         rank_model = RankModel(model, dims, comms)
         mine = [n for c in range(dims.v) for n in runs[stage_of(dims.pp, coords["pp"], c)]]
         placements = rank_model.placements(mine)
-        local = shard(params, placements, rank_model.coords(), rank_model.sizes())
+        where = (placements, rank_model.coords(), rank_model.sizes())
+        local = restart.params(comm, *where) if restart is not None else shard(params, *where)
         hooks = MeshHooks(comms, mine, local, placements, dims, optimizer, comms["tp"])
+        if restart is not None:
+            restart.optimizer(comm, hooks, *where)
+        train = TrainState(restart.checkpoint if restart is not None else None)
         stage = PipelineStage(comms["pp"], rank_model, v=dims.v, split=split, hooks=hooks,
                               recompute="full" if dims.recompute == "full" else "none", aux_factor=dims.cp,
                               release="layer")
         losses = []
-        for x, y in batches:
+        for i, (x, y) in enumerate(batches):
             mx, my = _micro_inputs(x, y, dims, coords)
             step = run_actions(comms["pp"], stage, actions[coords["pp"]], mx, my,
                                scale=1.0 / (dims.dp * dims.cp * dims.micro_batches))
@@ -282,15 +309,38 @@ def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_gra
                 scale = clip_coefficient(norm, clip_grad_norm)
             hooks.apply(scale)
             stage.losses, stage.done = {}, []
-            losses.append([step[i] for i in sorted(step)])
+            losses.append([step[k] for k in sorted(step)])
+            train.advance()
+            if saver is not None:
+                saver.after_step(comm, hooks, *where, train, last=i == len(batches) - 1)
         full, slices = hooks.local_params()
         return {"params": full, "slices": slices, "placements": placements, "coords": rank_model.coords(),
-                "losses": losses, "last": coords["pp"] == dims.pp - 1 and coords["tp"] == 0, "layers": mine}
+                "losses": losses, "last": coords["pp"] == dims.pp - 1 and coords["tp"] == 0, "layers": mine,
+                "seeds": train.seeds}
 
-    results = world.run(program)
+    try:
+        results = world.run(program)
+    except RankFailedError as failed:
+        if saver is not None:  # the saves that completed before the failure stay usable
+            ends = {**failed.dead, **{r: t.time for r, t in failed.timeouts.items()}}
+            failed.checkpoints = saver.finish(ends)
+        raise
     full = None if shape_only else _assemble(results, rank_sizes(dims))
     return MeshRun(full, _losses([r for r in results if r], len(batches)), world, dims,
-                   [r["layers"] if r else None for r in results])
+                   [r["layers"] if r else None for r in results], first_step, results[world.live[0]]["seeds"],
+                   saver.finish({}) if saver is not None else [])
+
+
+def _restart(model, params, optimizer, resume_from, shape_only):
+    """The checkpoint a run starts from (None: from ``params``), checked against the model."""
+    if resume_from is None:
+        return None
+    if params is not None or shape_only:
+        raise ConfigError("resume_from= takes the parameters from the checkpoint: pass params=None (and no "
+                          "shape_only)")
+    restart = Restart(resume_from)
+    restart.checkpoint.check({k: (v.shape, v.dtype) for k, v in shape_only_params(model).items()}, optimizer)
+    return restart
 
 
 def rank_sizes(dims):

@@ -141,10 +141,21 @@ def drive_routing_explorer(page, shot):
     cell.screenshot(path=str(shot("routing_explorer_skew_dropless")))
 
 
+def drive_failure_explorer(page, shot):
+    """Tick asynchronous saving, then lengthen the interval; the goodput follows."""
+    cell, summary = start(page, shot, ".failure-summary", "failure_explorer")
+    assert "the job fails every 3.09 h" in summary.inner_text()
+    text = after(summary, lambda: cell.locator(".widget-checkbox input").check(), seconds=30)
+    assert text.startswith("16,384 GPUs") and "An asynchronous save stops training" in text, text
+    text = after(summary, lambda: nudge(page, cell, "interval (min)"), seconds=30)
+    assert "Saving every 30 min" in text, text
+    cell.screenshot(path=str(shot("failure_explorer_async_30min")))
+
+
 DRIVERS = {"00_collectives": [drive_ring_stepper], "01_data_parallel": [drive_zero_explorer],
            "02_tensor_parallel": [drive_activation_explorer], "03_pipeline": [drive_schedule_explorer],
            "04_context_parallel": [drive_ring_attention_stepper],
-           "05_expert_parallel": [drive_routing_explorer]}
+           "05_expert_parallel": [drive_routing_explorer], "07_failures": [drive_failure_explorer]}
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,67 @@
+"""GPU lab 07 on the CPU with gloo: sharded checkpoints with torch.distributed.checkpoint on 2
+and 4 processes, a save on 4 loaded on 2, a rank killed mid-step that torchrun's elastic
+agent restarts from the last checkpoint, each ending equal to a single-process run; a bad
+restart and a missing setting are caught."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+LAB = str(ROOT / "gpu_labs" / "07_checkpoint.py")
+pytestmark = pytest.mark.slow
+
+
+def torchrun(n, *flags, restarts=0, share_store=False):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    if not share_store:
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    return subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", str(n), "--max-restarts", str(restarts), LAB,
+                           "--backend", "gloo", *flags], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=600)
+
+
+def ok_line(out):
+    found = re.search(r"OK: after (\d+) steps \(started at step (\d+), attempt (\d+)\)", out.stdout)
+    assert out.returncode == 0 and found, out.stdout[-2000:] + out.stderr[-3000:]
+    return tuple(int(g) for g in found.groups())
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_save_every_two_steps_and_end_equal_to_one_process(n, tmp_path):
+    out = torchrun(n, "--fresh", "--steps", "6", "--ckpt-dir", str(tmp_path))
+    assert ok_line(out) == (6, 0, 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000004", "step_00000006"]
+    assert all((p / ".metadata").exists() and len(list(p.glob("*.distcp"))) == n for p in tmp_path.iterdir())
+    assert out.stdout.count("saved 453,732 bytes") == 3  # parameters, two moments, the training state
+
+
+def test_saved_on_four_ranks_resumed_on_two(tmp_path):
+    first = torchrun(4, "--fresh", "--steps", "6", "--stop-after", "3", "--ckpt-dir", str(tmp_path))
+    assert first.returncode == 0 and "stopped after step 3" in first.stdout, first.stderr[-3000:]
+    second = torchrun(2, "--steps", "6", "--ckpt-dir", str(tmp_path))
+    assert "resumed from step_00000003: step 3, saved by 4 ranks, loaded on 2" in second.stdout, second.stdout
+    assert "DCP's planner and emulator.parallel.reshard agree on all" in second.stdout
+    assert ok_line(second) == (6, 3, 0)
+
+
+def test_a_rank_killed_mid_step_restarts_from_the_last_checkpoint(tmp_path):
+    out = torchrun(2, "--fresh", "--steps", "6", "--kill-rank", "1", "--kill-step", "3", "--ckpt-dir", str(tmp_path),
+                   restarts=1)
+    assert "rank 1: killing itself in the middle of step 3" in out.stdout
+    assert "attempt 1" in out.stdout and "resumed from step_00000002: step 2, saved by 2 ranks" in out.stdout
+    assert ok_line(out) == (6, 2, 1)
+
+
+def test_a_bad_restart_and_a_missing_setting_fail_loudly(tmp_path):
+    torchrun(2, "--fresh", "--steps", "4", "--stop-after", "2", "--ckpt-dir", str(tmp_path))
+    bad = torchrun(2, "--steps", "4", "--ckpt-dir", str(tmp_path), "--self-test-fault")
+    assert bad.returncode != 0 and "differ from the single-process run" in bad.stderr, bad.stderr[-2000:]
+    refused = torchrun(2, "--steps", "4", "--kill-rank", "1", "--kill-step", "3", "--ckpt-dir", str(tmp_path),
+                       share_store=True)
+    assert refused.returncode != 0 and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in refused.stderr
