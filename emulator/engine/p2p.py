@@ -175,7 +175,7 @@ class PointToPoint:
         if grouped:  # one NCCL group: its ops progress together
             side = _Side(w, kind, me, g_peer, len(mine), self.label, data, buffer, call)
         else:  # on the pair's stream, behind this rank's last separate op with that peer
-            last = w._p2p.setdefault(("separate", self.ranks, me, g_peer), [])  # (group, src, dst) keys: mailboxes
+            last = w._p2p_separate.setdefault((self.ranks, me, g_peer), [])
             side = _Side(w, kind, me, g_peer, len(mine), self.label, data, buffer, call,
                          [s for s in last if not s.done])
             last[:] = [side]

@@ -114,6 +114,7 @@ class World:
         self._pending = {}  # (group ranks, seq) -> Rendezvous
         self._seq = {}  # (group ranks, global rank) -> next sequence number
         self._p2p = {}  # (group ranks, src, dst) -> (posted sends, posted recvs)
+        self._p2p_separate = {}  # (group ranks, rank, peer) -> that rank's last separately issued op with the peer
         self._waiting = {}  # global rank -> callable describing what it waits for
         self._ready = deque()
         self._finished = [False] * n
