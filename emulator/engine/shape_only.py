@@ -16,12 +16,12 @@ Everything else that would need values (``float()`` of a sum, ``np.asarray``) ra
 """
 
 import math
-from functools import lru_cache
 
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from ..errors import ConfigError
+from .shape_rules import advanced_shape, basic_index, c_strides, dtype_token, matmul_shape, ufunc_dtypes
 
 
 class ShapeOnlyError(ConfigError):
@@ -32,14 +32,6 @@ class _Base:
     """The identity of a block of (imaginary) memory, shared by an array and its views."""
 
     __slots__ = ()
-
-
-def _c_strides(shape, itemsize):
-    strides, step = [], itemsize
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 class ShapeArray(NDArrayOperatorsMixin):
@@ -55,7 +47,7 @@ class ShapeArray(NDArrayOperatorsMixin):
 
     @property
     def strides(self):
-        return _c_strides(self.shape, self.dtype.itemsize) if self._strides is None else self._strides
+        return c_strides(self.shape, self.dtype.itemsize) if self._strides is None else self._strides
 
     # ----------------------------------------------------------------- what an array says about itself
     ndim = property(lambda self: len(self.shape))
@@ -95,7 +87,7 @@ class ShapeArray(NDArrayOperatorsMixin):
         return ShapeArray(shape, self.dtype, strides, self.offset if offset is None else offset, self.base)
 
     def _contiguous(self):
-        return self._strides is None or self._strides == _c_strides(self.shape, self.itemsize)
+        return self._strides is None or self._strides == c_strides(self.shape, self.itemsize)
 
     def reshape(self, *shape, order="C"):
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
@@ -182,15 +174,15 @@ class ShapeArray(NDArrayOperatorsMixin):
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
         if method == "__call__":
             shapes = [np.shape(a) if isinstance(a, (np.ndarray, ShapeArray)) else () for a in inputs]
-            shape = _matmul_shape(*shapes) if ufunc is np.matmul else np.broadcast_shapes(*shapes)
-            dtypes = _ufunc_dtypes(ufunc, tuple(_dtype_token(a) for a in inputs), kwargs.get("dtype"))
+            shape = matmul_shape(*shapes) if ufunc is np.matmul else np.broadcast_shapes(*shapes)
+            dtypes = ufunc_dtypes(ufunc, tuple(dtype_token(a) for a in inputs), kwargs.get("dtype"))
             results = tuple(ShapeArray(shape, d) for d in dtypes)
         elif method == "reduce":
             a = inputs[0]
             axis, keepdims = kwargs.get("axis", 0), kwargs.get("keepdims", False)
             axes = tuple(range(a.ndim)) if axis is None else tuple(x % a.ndim for x in np.atleast_1d(axis))
             shape = tuple(1 if i in axes else n for i, n in enumerate(a.shape) if keepdims or i not in axes)
-            dtype = kwargs.get("dtype") or _ufunc_dtypes(ufunc, (a.dtype, a.dtype), None)[0]
+            dtype = kwargs.get("dtype") or ufunc_dtypes(ufunc, (a.dtype, a.dtype), None)[0]
             if ufunc is np.add and np.dtype(dtype).kind == "b":
                 dtype = np.int64
             results = (ShapeArray(shape, dtype),)
@@ -200,7 +192,7 @@ class ShapeArray(NDArrayOperatorsMixin):
             return None
         elif method == "outer":
             results = (ShapeArray(np.shape(inputs[0]) + np.shape(inputs[1]),
-                                  _ufunc_dtypes(ufunc, tuple(_dtype_token(a) for a in inputs), None)[0]),)
+                                  ufunc_dtypes(ufunc, tuple(dtype_token(a) for a in inputs), None)[0]),)
         else:
             raise ShapeOnlyError(f"{ufunc.__name__}.{method} is not supported on shape-only arrays")
         if out is not None:
@@ -208,6 +200,8 @@ class ShapeArray(NDArrayOperatorsMixin):
         return results[0] if len(results) == 1 else results
 
     def __array_function__(self, func, types, args, kwargs):
+        from .shape_only_functions import FUNCTIONS  # (a module of its own, imported once)
+
         handler = FUNCTIONS.get(func)
         if handler is None:
             raise ShapeOnlyError(f"np.{func.__name__} is not supported on shape-only arrays")
@@ -246,85 +240,12 @@ def shape_only_like(x):
     return ShapeArray(np.shape(x), x.dtype)
 
 
-def _dtype_token(a):
-    if isinstance(a, (np.ndarray, ShapeArray, np.generic)):
-        return a.dtype
-    return type(a)  # Python scalars stay weak (NEP 50)
-
-
-@lru_cache(maxsize=4096)
-def _ufunc_dtypes(ufunc, tokens, dtype):
-    shape = (1, 1) if ufunc is np.matmul else ()
-    dummies = [np.zeros(shape, t) if isinstance(t, np.dtype) else t(0) for t in tokens]
-    with np.errstate(all="ignore"):
-        out = ufunc(*dummies, **({"dtype": dtype} if dtype is not None else {}))
-    out = out if isinstance(out, tuple) else (out,)
-    return tuple(np.asarray(o).dtype for o in out)
-
-
-def _matmul_shape(a, b):
-    if len(a) == 1:
-        a = (1,) + a
-        drop_a = True
-    else:
-        drop_a = False
-    drop_b = len(b) == 1
-    if drop_b:
-        b = b + (1,)
-    if a[-1] != b[-2]:
-        raise ValueError(f"matmul: shapes {a} and {b} do not align")
-    shape = np.broadcast_shapes(a[:-2], b[:-2]) + (a[-2], b[-1])
-    if drop_a:
-        shape = shape[:-2] + shape[-1:]
-    if drop_b:
-        shape = shape[:-1]
-    return shape
-
-
 def _index(a, index):
     index = index if isinstance(index, tuple) else (index,)
     if any(isinstance(i, (np.ndarray, ShapeArray, list)) for i in index):
-        return ShapeArray(_advanced_shape(a.shape, index), a.dtype)
-    dummy = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), shape=a.shape, strides=a.strides)
-    view = dummy[index]  # basic indexing: a view, its shape, strides and first byte; nothing is read
-    offset = view.__array_interface__["data"][0] - dummy.__array_interface__["data"][0]
-    return a._view(view.shape, view.strides, a.offset + offset)
-
-
-def _advanced_shape(shape, index):
-    """The shape NumPy gives ``x[index]`` when the index holds arrays (boolean masks of
-    unknown values select every element they cover)."""
-    out, arrays, dims, i, placed = [], [], list(shape), 0, None
-    n_ellipsis_dims = len(shape) - sum(1 for x in index if x is not None and x is not Ellipsis) - sum(
-        np.ndim(x) - 1 for x in index if isinstance(x, (np.ndarray, ShapeArray)) and x.dtype == bool)
-    for x in index:
-        if x is Ellipsis:
-            out += dims[i:i + n_ellipsis_dims]
-            i += n_ellipsis_dims
-        elif x is None:
-            out.append(1)
-        elif isinstance(x, slice):
-            out.append(len(range(*x.indices(dims[i]))))
-            i += 1
-        elif isinstance(x, (np.ndarray, ShapeArray, list)):
-            x = np.asarray(x) if isinstance(x, list) else x
-            if x.dtype == bool:
-                count = int(x.sum()) if isinstance(x, np.ndarray) else math.prod(x.shape)
-                arrays.append((count,))
-                i += x.ndim
-            else:
-                arrays.append(x.shape)
-                i += 1
-            if placed is None:
-                placed = len(out)
-        else:  # an integer
-            arrays.append(())
-            if placed is None:
-                placed = len(out)
-            i += 1
-    out += dims[i:]
-    adv = list(np.broadcast_shapes(*arrays)) if arrays else []
-    return tuple(out[:placed] + adv + out[placed:]) if placed is not None else tuple(out)
+        return ShapeArray(advanced_shape(a.shape, index, lambda x: isinstance(x, ShapeArray)), a.dtype)
+    shape, strides, offset = basic_index(a.shape, a.strides, index)
+    return a._view(shape, strides, a.offset + offset)
 
 
 def _argsort_like(a, axis=-1):
@@ -334,103 +255,3 @@ def _argsort_like(a, axis=-1):
                                                        a.shape[:-1])
     order = (rows[..., None] + np.arange(n)) % n
     return order, rows
-
-
-# ----------------------------------------------------------------- NumPy functions
-def _shape_of(x):
-    return x.shape if isinstance(x, ShapeArray) else np.shape(x)
-
-
-def _dtype_of(*xs):
-    return np.result_type(*[x.dtype if isinstance(x, (ShapeArray, np.ndarray)) else x for x in xs])
-
-
-def _concatenate(arrays, axis=0, **kw):
-    shapes = [_shape_of(a) for a in arrays]
-    if axis is None:
-        return ShapeArray((sum(math.prod(s) for s in shapes),), _dtype_of(*arrays))
-    axis %= len(shapes[0])
-    shape = list(shapes[0])
-    shape[axis] = sum(s[axis] for s in shapes)
-    return ShapeArray(shape, _dtype_of(*arrays))
-
-
-def _stack(arrays, axis=0, **kw):
-    shape = list(_shape_of(arrays[0]))
-    shape.insert(axis % (len(shape) + 1), len(arrays))
-    return ShapeArray(shape, _dtype_of(*arrays))
-
-
-def _where(cond, x=None, y=None):
-    if x is None:
-        return tuple(np.zeros(0, np.int64) for _ in _shape_of(cond))  # selects nothing
-    return ShapeArray(np.broadcast_shapes(_shape_of(cond), _shape_of(x), _shape_of(y)), _dtype_of(x, y))
-
-
-def _moveaxis(a, source, destination):
-    order = [n for n in range(a.ndim) if n != source % a.ndim]
-    order.insert(destination % a.ndim, source % a.ndim)
-    return a.transpose(order)
-
-
-def _like(a, dtype=None, order="K", subok=True, shape=None, **kw):
-    if shape is None:
-        shape = _shape_of(a)
-    return ShapeArray(tuple(shape) if np.ndim(shape) else (shape,), dtype or a.dtype)
-
-
-def _full_like(a, fill_value, dtype=None, order="K", subok=True, shape=None):
-    return _like(a, dtype, shape=shape)
-
-
-def _take_along_axis(arr, indices, axis):
-    return ShapeArray(np.broadcast_shapes(_shape_of(arr)[:axis % arr.ndim] + (1,) +
-                                          _shape_of(arr)[axis % arr.ndim + 1:], _shape_of(indices)), arr.dtype)
-
-
-def _split(a, sections, axis=0):
-    n = a.shape[axis] // sections if isinstance(sections, int) else None
-    starts = [i * n for i in range(sections)] if n is not None else [0] + list(sections)
-    ends = starts[1:] + [a.shape[axis]]
-    index = [slice(None)] * a.ndim
-    out = []
-    for s, e in zip(starts, ends):
-        index[axis] = slice(s, e)
-        out.append(a[tuple(index)])
-    return out
-
-
-def _repeat(a, repeats, axis=None):
-    if axis is None:
-        return ShapeArray((a.size * repeats,), a.dtype)
-    shape = list(a.shape)
-    shape[axis] *= repeats
-    return ShapeArray(shape, a.dtype)
-
-
-def _argsort(a, axis=-1, kind=None, order=None, **kw):
-    return _argsort_like(a, axis)[0]
-
-
-FUNCTIONS = {
-    np.concatenate: _concatenate, np.stack: _stack, np.where: _where, np.moveaxis: _moveaxis,
-    np.ascontiguousarray: lambda a, dtype=None, **kw: a.copy() if not a._contiguous() else a.astype(
-        dtype or a.dtype, copy=False),
-    np.zeros_like: _like, np.empty_like: _like, np.ones_like: _like, np.full_like: _full_like,
-    np.take_along_axis: _take_along_axis, np.split: _split, np.array_split: _split, np.repeat: _repeat,
-    np.broadcast_to: lambda a, shape, **kw: a._view(shape, (0,) * (len(shape) - a.ndim) + tuple(
-        0 if n == 1 and m != 1 else s for n, m, s in zip(a.shape, shape[len(shape) - a.ndim:], a.strides))),
-    np.reshape: lambda a, shape, *args, **kw: a.reshape(shape), np.transpose: lambda a, axes=None: a.transpose(axes),
-    np.swapaxes: lambda a, x, y: a.swapaxes(x, y), np.shape: lambda a: a.shape, np.ndim: lambda a: a.ndim,
-    np.size: lambda a, axis=None: a.size if axis is None else a.shape[axis], np.copy: lambda a, **kw: a.copy(),
-    np.sum: lambda a, axis=None, dtype=None, keepdims=False, **kw: a.sum(axis, dtype, keepdims),
-    np.mean: lambda a, axis=None, dtype=None, keepdims=False, **kw: a.mean(axis, dtype, keepdims),
-    np.max: lambda a, axis=None, keepdims=False, **kw: a.max(axis, keepdims=keepdims),
-    np.amax: lambda a, axis=None, keepdims=False, **kw: a.max(axis, keepdims=keepdims),
-    np.min: lambda a, axis=None, keepdims=False, **kw: a.min(axis, keepdims=keepdims),
-    np.prod: lambda a, axis=None, dtype=None, keepdims=False, **kw: a.prod(axis, dtype, keepdims),
-    np.argsort: _argsort, np.nonzero: lambda a: tuple(np.zeros(0, np.int64) for _ in a.shape),
-    np.ravel: lambda a, order="C": a.ravel(), np.squeeze: lambda a, axis=None: a.squeeze(axis),
-    np.expand_dims: lambda a, axis: a.reshape(a.shape[:axis] + (1,) + a.shape[axis:]),
-    np.triu: lambda a, k=0: a.copy(), np.tril: lambda a, k=0: a.copy(),
-}

@@ -45,115 +45,13 @@ from ..engine.world import World
 from ..errors import ConfigError, RankFailedError
 from ..machine.topology import Topology
 from ..training import clip_coefficient, split_batch
-from . import STRATEGIES
 from .checkpoint import Restart, Saver, TrainState
 from .context_parallel.layout import split_sequence
+from .mesh_hooks import MeshHooks
 from .mesh_model import RankModel, check_model
 from .pipeline import PipelineStage, run_actions, schedule, split_layers
 from .pipeline.actions import stage_of
 from .placement import shard, unshard
-from .tp_regions import all_reduce_together
-
-
-class _Units:
-    """What a data-parallel strategy needs of a model: ``layers``, the units in order."""
-
-    def __init__(self, names):
-        self.layers = [(n, None) for n in names]
-
-
-class MeshHooks:
-    """The stage's hooks on a mesh: each layer's parameters split by the group their
-    gradients are reduced over, one strategy per group."""
-
-    def __init__(self, comms, layer_names, params, placements, dims, opt, tp):
-        self.tp, self.placements = tp, placements
-        self.parts = {}  # layer -> [(group, unit, keys)]
-        units = {"dense": [], "experts": []}
-        flat = {"dense": {}, "experts": {}}
-        for layer in layer_names:
-            mine = {k[len(layer) + 1:]: v for k, v in params.items() if k.startswith(layer + ".")}
-            split = {"dense": [], "experts": []}
-            for key in sorted(mine):
-                split["experts" if placements[f"{layer}.{key}"].dim_of("ep") is not None else "dense"].append(key)
-            self.parts[layer] = []
-            for group, keys in split.items():
-                if keys:
-                    unit = f"{layer}:{group}"
-                    units[group].append(unit)
-                    flat[group].update({f"{unit}.{k}": mine[k] for k in keys})
-                    self.parts[layer].append((group, unit, keys))
-        self.strategies = {}
-        for group, names in units.items():
-            if names:
-                comm = comms["dp,cp"] if group == "dense" else comms["edp"]
-                self.strategies[group] = STRATEGIES[dims.zero_stage](comm, _Units(names), flat[group], opt,
-                                                                     average=False, label=group)
-        self.partial = {layer: sorted(k[len(layer) + 1:] for k, pl in placements.items()
-                                      if k.startswith(layer + ".") and "tp" in pl.partial) for layer in layer_names}
-
-    def _units_of(self, layer):
-        return self.parts.get(layer, [])
-
-    def _next_unit(self, group, upcoming):
-        return next((u for g, u, _ in self._units_of(upcoming) if g == group), None) if upcoming else None
-
-    def _gather(self, layer, upcoming, hook):
-        out = {}
-        for group, unit, _ in self._units_of(layer):
-            out.update(getattr(self.strategies[group], hook)(unit, self._next_unit(group, upcoming)))
-        return out
-
-    # ----------------------------------------------------------------- the stage's hooks
-    def params_for_forward(self, layer, upcoming):
-        return self._gather(layer, upcoming, "params_for_forward")
-
-    def after_forward(self, layer):
-        for group, unit, _ in self._units_of(layer):
-            self.strategies[group].after_forward(unit)
-
-    def params_for_backward(self, layer, upcoming):
-        return self._gather(layer, upcoming, "params_for_backward")
-
-    def grads_ready(self, layer, grads, last):
-        if self.partial[layer] and self.tp.size > 1:  # partial sums over tp (sequence parallelism): add them up
-            grads = all_reduce_together(self.tp, grads, self.partial[layer])
-        for group, unit, keys in self._units_of(layer):
-            self.strategies[group].grads_ready(unit, {k: grads[k] for k in keys}, last)
-
-    # ----------------------------------------------------------------- the step
-    def reduce_grads(self):
-        for s in self.strategies.values():
-            s.reduce_grads()
-
-    def sum_of_squares(self):
-        """This rank's share of the squared global gradient norm: each reduced gradient it
-        holds, weighted by one over the number of ranks holding the same values."""
-        total = 0.0
-        for s in self.strategies.values():
-            pieces, copies = s.owned_grads()
-            for unit, key, g in pieces:
-                layer = unit.split(":")[0]
-                pl = self.placements[f"{layer}.{key}"]
-                tp_copies = 1 if pl.dim_of("tp") is not None else self.tp.size
-                total += float(np.sum(np.square(g.astype(np.float64)))) / (copies * tp_copies)
-        return total
-
-    def apply(self, grad_scale=1.0):
-        for s in self.strategies.values():
-            s.apply(grad_scale)
-
-    def local_params(self):
-        """{"layer.key": this rank's array}, or None where ZeRO-3 holds only a slice:
-        then (group, unit, flat slice) so the global view can assemble them."""
-        out, slices = {}, []
-        for group, s in self.strategies.items():
-            if s.full is not None:
-                for unit, p in s.full.items():
-                    out.update({f"{unit.split(':')[0]}.{k}": v for k, v in p.items()})
-            else:
-                slices += [(group, unit, s.layouts[unit], s.comm.ranks, s.my[unit]) for unit in s.names]
-        return out, slices
 
 
 @dataclass
@@ -274,7 +172,6 @@ def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_gra
     first_step = restart.checkpoint.step if restart is not None else 0
     if saver is not None:
         saver.prepare(first_step, len(batches))
-    names = [n for n, _ in model.layers]
     runs = split_layers(model, dims.stages)
     actions = schedule(dims.schedule, dims.pp, dims.micro_batches, dims.v)
     split = any(a.kind == "W" for acts in actions for a in acts)
@@ -315,6 +212,7 @@ def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_gra
                 saver.after_step(comm, hooks, *where, train, last=i == len(batches) - 1)
         full, slices = hooks.local_params()
         return {"params": full, "slices": slices, "placements": placements, "coords": rank_model.coords(),
+                "rank": comm.global_rank,
                 "losses": losses, "last": coords["pp"] == dims.pp - 1 and coords["tp"] == 0, "layers": mine,
                 "seeds": train.seeds}
 
@@ -348,20 +246,18 @@ def rank_sizes(dims):
 
 
 def _assemble(results, sizes):
-    """The full parameters from every rank's: ZeRO-3 slices joined over their group first."""
-    by_slice = {}
+    """The full parameters from every rank's: ZeRO-3's flat slices joined over their group
+    first, then every rank's blocks placed (``unshard``)."""
+    slices = {}  # (unit, group ranks) -> {global rank: (layout, flat slice)}
     for r in results:
-        for group, unit, layout, ranks, flat in r["slices"]:
-            by_slice.setdefault((unit, ranks), [None] * len(ranks))
-    for gr, r in enumerate(results):
-        for group, unit, layout, ranks, flat in r["slices"]:
-            by_slice[(unit, ranks)][ranks.index(gr)] = (layout, flat)
+        for _, unit, layout, ranks, flat in r["slices"]:
+            slices.setdefault((unit, ranks), {})[r["rank"]] = (layout, flat)
     per_rank = [dict(r["params"]) for r in results]
-    for gr, r in enumerate(results):
-        for group, unit, layout, ranks, flat in r["slices"]:
-            pieces = by_slice[(unit, ranks)]
-            whole = layout.unflatten(np.concatenate([f for _, f in pieces]))
-            per_rank[gr].update({f"{unit.split(':')[0]}.{k}": v for k, v in whole.items()})
+    for (unit, ranks), pieces in slices.items():
+        layout = next(iter(pieces.values()))[0]
+        whole = layout.unflatten(np.concatenate([pieces[g][1] for g in ranks]))
+        for g in ranks:
+            per_rank[g].update({f"{unit.split(':')[0]}.{k}": v for k, v in whole.items()})
     return unshard(per_rank, [r["placements"] for r in results], [r["coords"] for r in results], sizes)
 
 

@@ -14,7 +14,6 @@ backward: do = reduce_back(dy)               dWo = o^T do, dbo = sum dy
           does, unless ``keep_gathered_input``: memory for bytes)
 """
 
-import numpy as np
 
 from ..machine.kernels import gemm
 from .placement import Placement

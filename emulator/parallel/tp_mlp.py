@@ -11,7 +11,6 @@ xg = gather(x) (all-gather along the sequence under sequence parallelism); backw
 :mod:`.tp_attention`: the input gathered again for the weight gradients unless kept.
 """
 
-import numpy as np
 
 from ..machine.kernels import gemm, memory_bound
 from ..nn.activations import gelu, gelu_backward, silu, silu_backward

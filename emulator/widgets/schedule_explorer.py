@@ -34,7 +34,6 @@ def schedule_explorer_model(schedule="1f1b", p=4, m=8, v=1, ratio=(1, 1, 1)):
     except ValueError:
         formula = None  # outside the formula's range (ZB-H1 with W > B)
     held = run.peak_micro_batches()
-    one = [stage.micro_batch_bytes[0] for stage in run.stages]
     predicted = pp.in_flight(s)
     fig, ax = new_axes(8.2, 0.45 * p + 1.4)
     gantt(world.timeline(), ax=ax, colors=ACTION_COLORS, label_events=False,

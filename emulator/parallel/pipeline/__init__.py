@@ -5,8 +5,9 @@ from .check import ScheduleError, bubble_of, dependencies, format_grid, in_fligh
 from .executor import (PipelineRun, blocking_loop, micro_batches, run, run_actions, sync_dp_grads,
                        train_pipeline)
 from .schedules import NAMES, schedule
-from .stage import PipelineStage, split_layers
+from .partition import LocalParams, split_layers
+from .stage import PipelineStage
 
 __all__ = ["Action", "format_schedule", "parse", "ScheduleError", "bubble_of", "dependencies", "format_grid",
            "in_flight", "simulate", "validate", "PipelineRun", "blocking_loop", "micro_batches", "run", "run_actions",
-           "sync_dp_grads", "train_pipeline", "NAMES", "schedule", "PipelineStage", "split_layers"]
+           "sync_dp_grads", "train_pipeline", "NAMES", "schedule", "PipelineStage", "split_layers", "LocalParams"]
