@@ -40,9 +40,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+try:
+    from torch.distributed.fsdp import fully_shard
+except ImportError:  # torch 2.4 keeps FSDP2 in a private module
+    from torch.distributed._composable.fsdp import fully_shard
 
-from common import ROOT, add_dtype_option, base_parser, fail, finish, init, lab_dtype, say
+from common import ROOT, TORCH_VERSION, add_dtype_option, base_parser, fail, finish, init, lab_dtype, say
 from torch_parallel.checkpointing import CourseGPT, latest_complete, load, overlaps, save, saved_bytes
 
 from emulator import nn
@@ -101,6 +104,9 @@ def main():
         if rank == 0:
             shutil.rmtree(root, ignore_errors=True)
         dist.barrier()
+    if device.type == "cpu" and TORCH_VERSION < (2, 5):
+        fail(f"torch {torch.__version__}'s FSDP2 (fully_shard) needs CUDA (it makes CUDA streams); run this lab on "
+             f"GPUs, or on the CPU with torch 2.5 or later")
     mesh = init_device_mesh(device.type, (n,), mesh_dim_names=("dp",))
     params0 = nn.GPT(V, D, H, FF, L, S, dtype="float64").init(__import__("numpy").random.default_rng(0))
     batches = [(torch.tensor(x, device=device), torch.tensor(y, device=device))

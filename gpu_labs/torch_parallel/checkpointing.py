@@ -24,8 +24,12 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorStorageMetadata
 from torch.distributed.checkpoint.resharding import _shards_get_overlap_region_wrt_saved_tensor
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+try:
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+except ImportError:  # torch 2.4 keeps DTensor in a private module
+    from torch.distributed._tensor import DTensor
+    from torch.distributed._tensor._utils import compute_local_shape_and_global_offset
 
 from emulator.nn import torch_reference as R
 from emulator.parallel.reshard import Chunk, overlap
