@@ -4,8 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LAB_ARGS ?=
+LAB_SETTINGS := $(VENV)/etc/jupyter/labconfig/default_setting_overrides.json
+LESSON ?=
 
-.PHONY: lab test notebooks check-notebooks bench browser-deps clean
+.PHONY: lab test grade notebooks check-notebooks bench browser-deps clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,15 +16,24 @@ $(STAMP): requirements.txt
 	$(PY) tools/link_project.py
 	touch $(STAMP)
 
-lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. $(LAB_ARGS) lessons/index.ipynb
+# The course's JupyterLab settings (tools/jupyterlab_settings.json), for every HOME.
+$(LAB_SETTINGS): | $(STAMP)
+	$(PY) tools/link_project.py
 
-test: $(STAMP) browser-deps
+lab: $(STAMP) $(LAB_SETTINGS)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. $(LAB_ARGS) lessons/index.md
+
+test: $(STAMP) $(LAB_SETTINGS) browser-deps
 	$(PY) -m pytest
 
-# Rebuild lessons/ and solutions/ from their sources in tools/../lessons_src.
+# Run saved lesson notebooks in a fresh kernel: one line per exercise (LESSON=03: that one).
+grade: $(STAMP)
+	@$(PY) -m tools.grade $(sort $(wildcard lessons/$(LESSON)*.ipynb))
+
+# Rebuild lessons/ and solutions/ from their sources in solutions/*.py. A lesson whose
+# cells were edited (a student's answers) is kept; FORCE=1 replaces it anyway.
 notebooks: $(STAMP)
-	$(PY) -m tools.build_notebooks
+	$(PY) -m tools.build_notebooks $(if $(FORCE),--force)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.collectives

@@ -6,7 +6,11 @@ import numpy as np
 
 
 def setup():
-    """Print options and figure sizes shared by every lesson (small PNGs, fixed fonts)."""
+    """Print options and figure sizes shared by every lesson (small PNGs, fixed fonts);
+    checks of exercises not yet attempted say so and let the lesson go on."""
+    from .grading import progress
+
+    progress.in_lesson()
     np.set_printoptions(precision=4, suppress=True, linewidth=100)
     matplotlib.rcParams.update({
         "figure.dpi": 72, "savefig.dpi": 72, "figure.figsize": (7.5, 3.2),

@@ -4,58 +4,18 @@
 # How are large language models trained on thousands of GPUs? This course builds every
 # piece from scratch — collectives, data parallelism and ZeRO, tensor and pipeline
 # parallelism, ring attention, expert parallelism — first on an **emulator** of a
-# multi-GPU machine that runs in this notebook, then on real GPUs with `torch.distributed`.
+# multi-GPU machine that runs in these notebooks, then on real GPUs with `torch.distributed`.
 #
 # The emulator runs one Python function per GPU ("rank") on real NumPy data. It records
 # every message sent and every byte held, keeps a simulated clock per GPU, and stops with
 # a clear error the moment a program misuses a collective (mismatched calls, deadlocks).
 # So every claim in the lessons is executed and measured, not just stated.
 #
-# ## How to work through a lesson
+# ## Start here
 #
-# 1. Open the lesson notebook (below) and run the cells from the top (`Shift+Enter`, or
-#    *Run → Run All Cells*).
-# 2. Read, look at the pictures, move the widgets' sliders.
-# 3. At each exercise, replace `raise NotImplementedError("Exercise N.k: ...")` with your
-#    code and run the cell, then run the **check cell** under it. A check prints
-#    `PASSED Exercise N.k: ...` or raises an error that says what differs.
-# 4. Napkin problems work the same way: a function returns your number; the check compares
-#    it with the model.
-#
-# Stuck? `solutions/` holds the same notebooks answered and executed.
-#
-# ## Grading yourself (and for instructors)
-#
-# From a terminal in the course folder, with the course's environment (`make lab` and
-# `make test` create `.venv`):
-#
-# ```
-# .venv/bin/python -m pytest --nbval-lax -o addopts= lessons/00_collectives.ipynb
-# ```
-#
-# runs the notebook from top to bottom and fails at the first check that does not pass. An
-# untouched lesson fails at its check cells; a correctly filled one passes. While a check
-# runs your code, the library's own answer to that exercise refuses to run, and napkin
-# answers are called with other numbers too, so only a real answer passes.
-#
-# Instructors hand out `lessons/` and keep `solutions/` as the answer key. To grade a
-# folder of filled notebooks (each in its own process, with a time limit, so a broken or
-# endless submission cannot stop the others):
-#
-# ```
-# .venv/bin/python -m tools.grade SUBMISSIONS_DIR --report grades.csv
-# ```
-#
-# writes one row per student, PASS or FAIL per check and the first failure's message.
-# Problem sets with different numbers for every student (the napkins of lessons 00 to 05 and
-# Problems 8.1 to 8.4; answers are JSON, graded against the same functions as the checks):
-#
-# ```
-# .venv/bin/python -m tools.problem_set make --students alice,bob --out sheets/
-# .venv/bin/python -m tools.problem_set grade ANSWERS_DIR --report grades.csv
-# ```
-#
-# Lessons are generated from `solutions/NN_name.py` by `make notebooks`.
+# Begin with lesson 00, *Collectives*: every later lesson moves its data with the ring
+# collectives you build there. Then take the lessons in order; each builds on the ones
+# before it.
 #
 # ## Lessons
 #
@@ -69,7 +29,54 @@
 # | 05 | [Expert parallelism](05_expert_parallel.ipynb) | top-k routing, the permutation into expert order and back, the expert-parallel forward (count exchange, dispatch, combine) and backward, capacity with dropping; imbalance as time, two-hop all-to-all across nodes, EP vs TP for experts, three published MoE models | routing explorer | `gpu_labs/05_expert_parallel.py` |
 # | 06 | The mesh *(planned)* | DP x TP x PP composed; planner; case studies | mesh planner | |
 #
+# ## How to work through a lesson
+#
+# 1. Open the lesson from the table and run it all (*Run → Run All Cells*). The whole
+#    lesson runs, demos and pictures included, before you have answered anything: the
+#    check of an exercise you have not attempted yet prints
+#    `NOT ATTEMPTED Exercise N.k: ...` and the lesson goes on.
+# 2. Read, look at the pictures, move the widgets' sliders.
+# 3. At each exercise, replace `raise NotImplementedError("Exercise N.k: ...")` with your
+#    code, run that cell, then the **check cell** under it. A check prints
+#    `PASSED Exercise N.k: ...`, or stops with a `CheckFailed` whose first line says what
+#    differs. A wrong answer stops Run All at its check, so you see it there.
+# 4. Napkin problems work the same way: a function returns your numbers; the check calls it
+#    with the problem's numbers and with others, and compares each with the model.
+# 5. The last cell, *Where you stand*, lists every exercise of the lesson as passed,
+#    failed or not attempted. It fails until all have passed.
+#
+# Your answers live in `lessons/NN_name.ipynb`; nothing the course runs overwrites them
+# (`make notebooks` keeps a lesson whose cells you have changed). Stuck? `solutions/` holds
+# the same notebooks, answered and executed.
+#
+# ## Checking your work
+#
+# Save the notebook (`Ctrl+S`), then, in a terminal in the course folder:
+#
+# ```
+# make grade LESSON=03
+# ```
+#
+# runs the saved `lessons/03_pipeline.ipynb` from the top in a fresh kernel (so it grades
+# what you saved, not what your open kernel remembers) and prints one line per exercise,
+# by its name:
+#
+# ```
+# lessons/03_pipeline.ipynb: 2 of 5 exercises passed (ran in 25 s)
+#   PASS           Problem 8.2: micro-batches for a small bubble
+#   PASS           Exercise 3.1: 1F1B as data
+#   FAIL           Napkin 3.1: memory against bubble: (GPipe's micro-batches, p=8, per_micro_batch=2e+09, budget=4e+10, max_m=256): expected 20, got 21 (a whole number, compared exactly)
+#   NOT ATTEMPTED  Exercise 3.2: the per-rank loop
+#   NOT ATTEMPTED  Exercise 3.3: the data-parallel average of a stage's gradients
+# ```
+#
+# A failing check does not stop the others: every exercise is graded. `make grade` with no
+# `LESSON` grades every lesson. While a check runs your code, the library's own answer to
+# that exercise refuses to run, and napkin answers are called with other numbers too, so
+# only a real answer passes.
+#
 # ## The GPU labs
+
 #
 # Each lesson ends with a script in `gpu_labs/` that runs its algorithm with
 # `torch.distributed` (NCCL on GPUs, gloo on a CPU), checks the result, and prints the
@@ -80,6 +87,31 @@
 # ```
 #
 # `gpu_labs/README.md` covers several nodes and SLURM.
+#
+# ## For instructors
+#
+# Hand out `lessons/` and keep `solutions/` as the answer key. To grade a folder of filled
+# notebooks:
+#
+# ```
+# .venv/bin/python -m tools.grade SUBMISSIONS_DIR --report grades.csv
+# ```
+#
+# runs each in its own process with a time limit (a cell that runs too long is
+# interrupted, a submission that kills its kernel or never ends costs only its own time),
+# and writes one row per student: PASS, FAIL, NOT ATTEMPTED or NOT RUN for every exercise
+# by its name, and the first failure's message. `pytest --nbval-lax` works too: an
+# unfinished lesson fails at its last cell. Problem sets with different numbers for every
+# student (the napkins of lessons 00 to 05 and Problems 8.1 to 8.4; answers are JSON,
+# graded against the same functions as the checks):
+#
+# ```
+# .venv/bin/python -m tools.problem_set make --students alice,bob --out sheets/
+# .venv/bin/python -m tools.problem_set grade ANSWERS_DIR --report grades.csv
+# ```
+#
+# The notebooks and this page are generated from `solutions/NN_name.py` and
+# `solutions/index.py` by `make notebooks`.
 #
 # ## Glossary
 #

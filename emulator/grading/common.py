@@ -1,15 +1,41 @@
 """Shared helpers of the checks."""
 
+import traceback
+from numbers import Integral
+from pathlib import Path
+
 import numpy as np
 
 from ..errors import RankError
 
+GRADING = Path(__file__).resolve().parent
+
 
 class CheckFailed(AssertionError):
-    """The exercise's answer is wrong; the message says how."""
+    """The exercise's answer is wrong; the message says how.
+
+    In a notebook the message is the first thing shown, with no frame of the grading code
+    before it: IPython shows what ``_render_traceback_`` returns instead of the whole
+    traceback. When the student's own code raised (the failure's ``__cause__``), its
+    frames follow, and only those."""
+
+    def _render_traceback_(self):
+        lines = [f"{type(self).__name__}: {self}"]
+        cause = self.__cause__
+        if cause is not None and cause.__traceback__ is not None:
+            frames = [f for f in traceback.extract_tb(cause.__traceback__)
+                      if not Path(f.filename).resolve().is_relative_to(GRADING)]
+            lines += ["", f"{type(cause).__name__} was raised here:" if frames else
+                      f"{type(cause).__name__} was raised inside the check: look at what your code returns."]
+            lines += [entry.rstrip("\n") for entry in traceback.format_list(frames)]
+        return lines
 
 
 def passed(name, detail):
+    """The check's last word when all went well: ``PASSED Exercise 1.2: ...``."""
+    from .progress import PASSED, record
+
+    record(name, PASSED, detail)
     print(f"PASSED {name}: {detail}")
 
 
@@ -29,16 +55,39 @@ def compare_arrays(what, got, want, rtol=1e-9, atol=1e-9):
                           f"(largest error {err:.3g})")
 
 
+def _number(x, digits=4):
+    """``x`` as it reads: an integer in full (``220``), anything else to ``digits``
+    significant digits (all of them where it was compared exactly)."""
+    if isinstance(x, Integral) or float(x).is_integer() and abs(x) < 1e6:
+        return f"{int(x):d}"
+    return f"{float(x):.{digits}g}"
+
+
+def tolerance(rel):
+    """``rel`` as a student reads it: ``2%``, ``0.1%``, ``1e-06``."""
+    return f"{rel:.0%}" if rel >= 0.01 else f"{rel:.1%}" if rel >= 0.001 else f"{rel:.0e} (relative)"
+
+
 def check_close(name, got, want, rel=0.02, unit="", quiet=False):
-    """A napkin answer: within ``rel`` (relative) of the model's value."""
+    """A napkin answer against the model's value ``want``. An integer ``want`` (a count:
+    micro-batches, steps, GPUs) is compared exactly; anything else within ``rel``
+    (relative), or exactly when ``rel`` is 0. The message says what was expected and
+    what came, ``expected 220, got 219``."""
     try:
         ok = np.isfinite(float(got))
     except (TypeError, ValueError):
         ok = False
     if not ok:
         raise CheckFailed(f"{name}: got {got!r}, expected a number")
-    expect(abs(got - want) <= rel * abs(want),
-           f"{name}: {got:.4g}{unit} is off by more than {rel:.0%}; recheck the formula and the units")
+    if isinstance(want, Integral) and not isinstance(want, bool):
+        expect(got == want, f"{name}: expected {want:d}, got {_number(got, 12)}{unit} (a whole number, compared "
+                            f"exactly)")
+    elif rel == 0:
+        expect(got == want, f"{name}: expected {_number(want, 12)}, got {_number(got, 12)}{unit} (compared exactly)")
+    else:
+        expect(abs(got - want) <= rel * abs(want),
+               f"{name}: expected {_number(want)}{unit}, got {_number(got)}{unit} (the check allows "
+               f"{tolerance(rel)}); recheck the formula and the units")
     if not quiet:
         passed(name, f"{got:.4g}{unit} (model: {want:.4g}{unit})")
 

@@ -6,6 +6,7 @@ notebook, waits until the kernel is really idle, runs all cells, saves, and hand
 what the page shows.
 """
 
+import json
 import os
 import shutil
 import signal
@@ -43,20 +44,23 @@ def wait_http(url, seconds=60):
 
 
 def throwaway_env(home):
+    """A HOME of its own, with nothing of the user's: what JupyterLab shows here comes from
+    the project (``tools/jupyterlab_settings.json``, linked into the environment)."""
     env = dict(os.environ, HOME=str(home), JUPYTER_CONFIG_DIR=str(home / ".jupyter"),
                JUPYTER_DATA_DIR=str(home / ".local/share/jupyter"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
                IPYTHONDIR=str(home / ".ipython"), PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    # no first-run news toast, no announcements fetched from the network
-    settings = home / ".jupyter/lab/user-settings/@jupyterlab/apputils-extension"
-    settings.mkdir(parents=True, exist_ok=True)
-    (settings / "notification.jupyterlab-settings").write_text(
-        '{"fetchNews": "false", "checkForUpdates": false, "doNotDisturbMode": true}')
-    # render every cell (by default JupyterLab only renders those in view), so that the
-    # test sees every prompt and can screenshot any widget
+    # for the test only: render every cell (by default JupyterLab only renders those in
+    # view), so that the test sees every prompt and can screenshot any widget
     tracker = home / ".jupyter/lab/user-settings/@jupyterlab/notebook-extension"
     tracker.mkdir(parents=True, exist_ok=True)
     (tracker / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
     return env
+
+
+def api(base, token, path):
+    """GET a JSON answer of the server's REST API."""
+    with urllib.request.urlopen(f"{base}{path}?token={token}", timeout=10) as r:
+        return json.loads(r.read())
 
 
 @contextmanager
@@ -65,7 +69,7 @@ def jupyter_server(notebook_dir, home):
     port, token = free_port(), "course-test-token"
     cmd = [str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser", "--ip=127.0.0.1",
            f"--port={port}", f"--IdentityProvider.token={token}", "--allow-root",
-           f"--ServerApp.root_dir={notebook_dir}", "--LabApp.news_url=", "--ServerApp.port_retries=0"]
+           f"--ServerApp.root_dir={notebook_dir}", "--ServerApp.port_retries=0"]
     log = open(home / "server.log", "w")
     proc = subprocess.Popen(cmd, env=throwaway_env(home), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -116,6 +120,11 @@ def wait_idle(page, timeout=90_000):
 
 def prompts(page):
     return page.eval_on_selector_all(".jp-CodeCell .jp-InputArea-prompt", "els => els.map(e => e.innerText.trim())")
+
+
+def is_dirty(page):
+    """Whether the open document is marked modified (its tab carries ``jp-mod-dirty``)."""
+    return page.evaluate("() => !!document.querySelector('.jp-mod-dirty')")
 
 
 def run_all(page, timeout=180_000):
