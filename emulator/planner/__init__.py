@@ -13,7 +13,7 @@
 Modules: ``models`` (:class:`ModelSpec`, published presets), ``cluster`` (:class:`Cluster`,
 presets), ``layers`` (what one rank's layers hold and do), ``memory`` (each rank's peak,
 by kind), ``timing`` (layer passes, the pipeline, the data-parallel tail), ``comm`` (the
-table per axis), ``evaluate``, ``search``, ``run`` (a plan on the emulator, predicted
+table per axis), ``evaluate``, ``ranking`` (:func:`search`), ``run`` (a plan on the emulator, predicted
 beside measured), ``published`` (published runs, with sources). ``python -m
 emulator.planner --help`` is the command line.
 """
@@ -21,17 +21,7 @@ emulator.planner --help`` is the command line.
 from .cluster import Cluster, cluster_preset
 from .evaluate import Estimate, evaluate
 from .models import ModelSpec, model_preset
+from .ranking import Rejected, enumerate_plans, search
 
-__all__ = ["evaluate", "search", "model_preset", "cluster_preset", "ModelSpec", "Cluster", "Estimate"]
-
-
-def __getattr__(name):  # search and run import more; load them when first asked for
-    if name in ("search", "Rejected", "enumerate_plans"):
-        from . import search as module
-
-        return getattr(module, name)
-    if name in ("run_plan", "PlanRun"):
-        from . import run as module
-
-        return getattr(module, name)
-    raise AttributeError(f"module 'emulator.planner' has no attribute {name!r}")
+__all__ = ["evaluate", "search", "model_preset", "cluster_preset", "ModelSpec", "Cluster", "Estimate", "Rejected",
+           "enumerate_plans"]

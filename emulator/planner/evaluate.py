@@ -6,6 +6,7 @@ The figures are what the emulator would measure running the plan (:mod:`.memory`
 """
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ..errors import ConfigError
 from ..parallel.dims import ParallelDims
@@ -126,9 +127,16 @@ def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=2, 
     worst = max(range(p), key=lambda r: est.stage_memory[r][0])
     est.worst_stage, (est.memory_peak, est.memory_bytes) = worst, est.stage_memory[worst]
 
-    per_layer = [[[layer_times(timer, x, r, dims, param_bytes) for x in layers[c][r]] for c in range(v)]
-                 for r in range(p)]
-    actions = schedule(dims.schedule, p, m, v)
+    memo = {}
+
+    def times(x, r):  # the blocks of a stage share their ops, and alike stages their times
+        key = (id(x.ops), x.partial, tuple(x.params.items()), timer.stage_key(r))
+        if key not in memo:
+            memo[key] = layer_times(timer, x, r, dims, param_bytes)
+        return memo[key]
+
+    per_layer = [[[times(x, r) for x in layers[c][r]] for c in range(v)] for r in range(p)]
+    actions = _schedule(dims.schedule, p, m, v)
     durations = [action_durations(actions[r], per_layer[r], dims) for r in range(p)]
     est.stage_times = durations
     boundary = b * (seq_len // dims.cp // (dims.tp if dims.sequence_parallel else 1)) * model.d_model * param_bytes
@@ -151,6 +159,11 @@ def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=2, 
     est.hfu = _executed_flops(layers, dims) / (est.step_time * G * peak)
     est.problems = problems + _soft_problems(est, cluster, dims)
     return est
+
+
+@lru_cache(maxsize=256)
+def _schedule(name, p, m, v):
+    return schedule(name, p, m, v)
 
 
 def _stage(p, r, c):

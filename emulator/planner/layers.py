@@ -28,8 +28,6 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..machine.kernels import attention, gemm, memory_bound
-from ..parallel.context_parallel.layout import chunks_of
-from ..parallel.context_parallel.ring import blocks
 
 INT = 8  # int64 token ids and indices
 
@@ -43,6 +41,7 @@ class Layer:
     input: float
     grad_out: float
     ops: dict = field(default_factory=dict)  # "F", "B", "W" -> [op]
+    times: dict = field(default_factory=dict, repr=False)  # seconds of its passes, by the groups that time them
 
 
 @dataclass(frozen=True)
@@ -118,9 +117,10 @@ def _attention_core(m, s, dims):
     if dims.cp_attention == "ring":
         kept = s.comp * b * h * n * dh * 4 + 4 * b * h * n  # q, k, v (as many heads as q), out; lse
         kv_bytes = 2 * b * h * n * dh * s.comp
-        fwd, bwd = _ring_steps(dims.cp, dims.cp_layout, n, b * h * dh)
-        return kept, [("ring", True, tuple((f, kv_bytes) for f in fwd), "cp")], \
-            [("ring", False, tuple((f, kv_bytes) for f in bwd), "cp")]
+        cells = _ring_cells(dims.cp, dims.cp_layout, n)
+        lead = 2 * b * h * dh  # FLOPs per score cell per product
+        return kept, [("ring", True, tuple((2 * lead * x, kv_bytes) for x in cells), "cp")], \
+            [("ring", False, tuple((5 * lead * x, kv_bytes) for x in cells), "cp")]
     c, S = dims.cp, n * dims.cp  # Ulysses: every position, h / cp heads
     hc = h // c
     piece = b * hc * n * dh * s.comp  # one peer's share of one tensor
@@ -131,17 +131,17 @@ def _attention_core(m, s, dims):
     return kept, fwd, bwd
 
 
-@lru_cache(maxsize=256)
-def _ring_steps(c, layout, n, lead_dh):
-    """Per step, the FLOPs of the busiest rank (the ring moves at its pace), forward
-    (2 products per score block) and backward (5)."""
-    fwd, bwd = [], []
-    for t in range(c):
-        cells = [sum((r.stop - r.start) * (k.stop - k.start) for r, k, _ in blocks(rank, (rank - t) % c, c, n, True,
-                                                                                   layout)) for rank in range(c)]
-        fwd.append(2 * 2 * lead_dh * max(cells))
-        bwd.append(5 * 2 * lead_dh * max(cells))
-    return tuple(fwd), tuple(bwd)
+def _ring_cells(c, layout, n):
+    """Per ring step, the score cells (query x key pairs) the busiest rank computes (the
+    ring moves at its pace), counting whole every block of
+    :func:`emulator.parallel.context_parallel.ring.blocks` whose keys start before its
+    queries end. Zigzag (chunks i and 2c-1-i of n/2): three half-blocks at step 0 (its own
+    keys), two at every other step, on every rank. Contiguous: one n x n block at every
+    step on the ranks whose source comes earlier, and the last rank's always does."""
+    if layout == "contiguous":
+        return (n * n,) * c
+    half = n // 2
+    return (3 * half * half,) + (2 * half * half,) * (c - 1)
 
 
 def _dense_mlp(m, s):
@@ -205,19 +205,22 @@ def _block(m, s, dims):
 def rank_layers(model, dims, b, seq_len, param_bytes, names):
     """The :class:`Layer` of each of ``names`` (``embed``, ``blocks.i``, ``head``) on one
     rank for a micro-batch of ``b`` sequences of ``seq_len``."""
+    kinds = _kinds(model, dims.tp, dims.cp, dims.ep, dims.sequence_parallel, dims.recompute, dims.cp_attention,
+                   dims.cp_layout, b, seq_len, param_bytes)
+    return [kinds[n if n in ("embed", "head") else "block"] for n in names]
+
+
+@lru_cache(maxsize=1024)
+def _kinds(model, tp, cp, ep, sp, recompute, cp_attention, cp_layout, b, seq_len, param_bytes):
+    from ..parallel.dims import ParallelDims
+
+    dims = ParallelDims(tp=tp, cp=cp, dp=ep, ep=ep, sequence_parallel=sp, recompute=recompute,
+                        cp_attention=cp_attention, cp_layout=cp_layout)
     s = shape_of(dims, b, seq_len, param_bytes)
-    block = _block(model, s, dims)
-    out = []
-    for name in names:
-        if name == "embed":
-            out.append(_embedding(model, s))
-        elif name == "head":
-            out.append(_head(model, s))
-        else:
-            out.append(Layer(name, block.params, block.partial, block.kept, block.input, block.grad_out, block.ops))
-    return out
+    return {"embed": _embedding(model, s), "block": _block(model, s, dims), "head": _head(model, s)}
 
 
+@lru_cache(maxsize=1024)
 def split_names(n_layers, stages):
     """The layer names of each virtual stage, as :func:`emulator.parallel.pipeline.split_layers` cuts them."""
     from ..parallel.pipeline.stage import split_layers
