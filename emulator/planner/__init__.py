@@ -22,6 +22,7 @@ from .cluster import Cluster, cluster_preset
 from .evaluate import Estimate, evaluate
 from .models import ModelSpec, model_preset
 from .ranking import Rejected, enumerate_plans, search
+from .run import PlanRun, run_plan
 
 __all__ = ["evaluate", "search", "model_preset", "cluster_preset", "ModelSpec", "Cluster", "Estimate", "Rejected",
-           "enumerate_plans"]
+           "enumerate_plans", "run_plan", "PlanRun"]

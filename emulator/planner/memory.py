@@ -21,6 +21,8 @@ layer and returns every rank's peak and its breakdown, as the ledger records the
 
 from functools import lru_cache
 
+import numpy as np
+
 from ..parallel.pipeline import schedule
 from ..parallel.pipeline.actions import stage_of
 
@@ -135,25 +137,25 @@ def stage_peaks(stage_layers, dims, param_bytes=2, mixed=True):
         static = {"params": sum(u.params for u in units), "optimizer": sum(u.optimizer for u in units)}
         kept = [[(x.input if full else x.kept) for x in ls] for ls in layers]
         grad_out = [sum(x.grad_out for x in ls) for ls in layers]
-        profiles = {}
-        state = [0.0, 0.0, 0.0]  # activations, grads, buffers
-        peak, at = -1.0, None
+        profiles, keys = {}, []
+        held = zero3_held(actions[r], split) if dims.zero_stage == 3 else [(False, True)] * len(actions[r])
         seen = set()
-        for (kind, c), (held, release) in zip(actions[r], zero3_held(actions[r], split)):
+        for (kind, c), (h, release) in zip(actions[r], held):
             k = "B-split" if (kind == "B" and split) else kind
             first = k in ("B", "W") and c not in seen
             if first:
                 seen.add(c)
-            key = (k, c, first, held, release)
+            key = (k, c, first, h, release)
             if key not in profiles:
-                profiles[key] = _profile(kept[c], units[c], k, first, grad_out[c], held, release)
-            (pa, pg, pb), (da, dg, db) = profiles[key]
-            total = state[0] + state[1] + state[2] + pa + pg + pb
-            if total > peak:
-                peak, at = total, (state[0] + pa, state[1] + pg, state[2] + pb)
-            state = [state[0] + da, state[1] + dg, state[2] + db]
-        by_kind = {"params": static["params"], "grads": at[1], "optimizer": static["optimizer"],
-                   "activations": at[0], "buffers": at[2]}
+                profiles[key] = (len(profiles), _profile(kept[c], units[c], k, first, grad_out[c], h, release))
+            keys.append(profiles[key][0])
+        table = sorted(profiles.values())
+        peaks = np.array([pk for _, (pk, _) in table])[keys]  # (actions, 3): the peak inside each action
+        deltas = np.array([dl for _, (_, dl) in table])[keys]  # and what it leaves held
+        before = np.cumsum(deltas, axis=0) - deltas  # what is held when each action starts
+        at = (before + peaks)[int(np.argmax((before + peaks).sum(axis=1)))]
+        by_kind = {"params": static["params"], "grads": float(at[1]), "optimizer": static["optimizer"],
+                   "activations": float(at[0]), "buffers": float(at[2])}
         out.append((sum(by_kind.values()), by_kind))
     return out
 

@@ -31,8 +31,11 @@ class Ports:
 
     def __init__(self):
         self.spans = {"nvlink": [], "nic": []}
+        self.until = {"nvlink": 0.0, "nic": 0.0}
 
     def place(self, kinds, duration, t0):
+        if all(self.until[k] <= t0 for k in kinds):  # nothing booked after t0
+            return t0
         t, moved = t0, True
         while moved:
             moved = False
@@ -45,6 +48,7 @@ class Ports:
     def book(self, kinds, start, end):
         for k in kinds:
             insort(self.spans[k], (start, end))
+            self.until[k] = max(self.until[k], end)
 
 
 def replay(timer, r, actions, timing, layers, dims, param_bytes, hop):

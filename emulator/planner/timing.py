@@ -295,27 +295,27 @@ def simulate(actions, durations, hop):
         plans.append(row)
     end, free, nxt = {}, [0.0] * p, [0] * p
     starts = [[] for _ in range(p)]
-    remaining = sum(len(a) for a in actions)
-    while remaining:
-        progressed = False
-        for r in range(p):
-            row, i, t = plans[r], nxt[r], free[r]
-            dur = durations[r]
-            while i < len(row):
-                key, dep, h = row[i]
-                if dep is not None:
-                    done = end.get(dep)
-                    if done is None:
-                        break
-                    t = (done if done > t else t) + h
-                starts[r].append(t)
-                t += dur[i]
-                end[key] = t
-                i += 1
-            if i != nxt[r]:
-                remaining -= i - nxt[r]
-                nxt[r], free[r] = i, t
-                progressed = True
-        if not progressed:
-            raise RuntimeError("the schedule deadlocks (validate it with emulator.parallel.pipeline.validate)")
+    waiting, ready = {}, list(range(p))  # the rank blocked on each action's end; ranks that can go on
+    while ready:
+        r = ready.pop()
+        row, i, t = plans[r], nxt[r], free[r]
+        dur = durations[r]
+        while i < len(row):
+            key, dep, h = row[i]
+            if dep is not None:
+                done = end.get(dep)
+                if done is None:
+                    waiting[dep] = r
+                    break
+                t = (done if done > t else t) + h
+            starts[r].append(t)
+            t += dur[i]
+            end[key] = t
+            i += 1
+            woken = waiting.pop(key, None)
+            if woken is not None:
+                ready.append(woken)
+        nxt[r], free[r] = i, t
+    if any(nxt[r] < len(plans[r]) for r in range(p)):
+        raise RuntimeError("the schedule deadlocks (validate it with emulator.parallel.pipeline.validate)")
     return {r: [(a, s0, s0 + d) for a, s0, d in zip(actions[r], starts[r], durations[r])] for r in range(p)}
