@@ -71,6 +71,20 @@ class Estimate:
     def __repr__(self):
         return f"Estimate({self.summary()})"
 
+    def as_dict(self):
+        """Plain numbers and strings (for ``--json``)."""
+        from dataclasses import asdict
+
+        out = {"dims": asdict(self.dims), "world_size": self.dims.world_size, "valid": self.valid,
+               "problems": list(self.problems), "micro_batch": self.micro_batch}
+        if self.step_time is not None:
+            out.update(memory_bytes={k: float(v) for k, v in self.memory_bytes.items()},
+                       memory_peak=float(self.memory_peak), worst_stage=self.worst_stage,
+                       step_time=self.step_time, tokens_per_s_per_gpu=self.tokens_per_s_per_gpu, mfu=self.mfu,
+                       hfu=self.hfu, bubble=self.bubble, bubble_formula=self.bubble_formula,
+                       comm=[dict(row) for row in self.comm])
+        return out
+
 
 def _check_inputs(model, cluster, dims, seq_len, global_batch_tokens):
     if not isinstance(model, ModelSpec):
