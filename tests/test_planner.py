@@ -212,6 +212,8 @@ def test_command_line(capsys):
     assert cli(base + ["--dims", "dp=4,tp=8,pp=2,zero_stage=1,sequence_parallel=true,micro_batches=128,recompute=selective"]) == 0
     assert "tp  reduce_scatter" in capsys.readouterr().out
     assert cli(base + ["--dims", "dp=2,tp=16,pp=2"]) == 1
+    assert "tp=16 must divide the 8 K/V heads" in capsys.readouterr().out
+    assert cli(base[:3] + ["megatron-h100-70b"] + base[4:] + ["--dims", "dp=2,tp=16,pp=2,micro_batches=8"]) == 1
     assert "crosses a node" in capsys.readouterr().out
     assert cli(base + ["--dims", "dp=2,tx=16"]) == 2
     assert "unknown field(s) ['tx']" in capsys.readouterr().err
