@@ -225,3 +225,27 @@ def test_command_line(capsys):
     run = json.loads(capsys.readouterr().out)
     step = next(r for r in run["comparison"] if r["quantity"] == "step time")
     assert abs(float(step["error"].rstrip("%"))) < 10
+
+
+@pytest.mark.parametrize("dims", [D(pp=4, dp=2, micro_batches=48, zero_stage=1),
+                                  D(pp=4, dp=2, micro_batches=48, schedule="interleaved_1f1b", v=2),
+                                  D(pp=2, dp=4, micro_batches=40, schedule="zb_h1", zero_stage=3),
+                                  D(pp=4, tp=2, micro_batches=36, schedule="gpipe", sequence_parallel=True),
+                                  D(pp=8, micro_batches=96, zero_stage=0, recompute="full")])
+def test_long_pipelines_are_extended_along_a_line_exactly(dims, monkeypatch):
+    """Past 4 micro-batches per stage, the planner plays two lengths and extends the line;
+    the whole schedule played gives the same step, bubble and memory."""
+    import sys
+
+    c = cluster_for(dims)
+    model = GQA if dims.pp <= 4 else ModelSpec(16, 256, 8, 1024, 2048)
+    short = evaluate(model, c, dims, 256, dims.dp * dims.micro_batches * 256)
+    monkeypatch.setattr(sys.modules["emulator.planner.evaluate"], "steady_cap", lambda p, v=1: 10**6)
+    monkeypatch.setattr(sys.modules["emulator.planner.memory"], "walked_micro_batches", lambda p: 10**6)
+    whole = evaluate(model, c, dims, 256, dims.dp * dims.micro_batches * 256)
+    assert short.step_time == pytest.approx(whole.step_time, rel=1e-9)
+    assert short.bubble == pytest.approx(whole.bubble, rel=1e-9)
+    assert short.memory_peak == whole.memory_peak
+    assert short.stage_memory == whole.stage_memory
+    for a, b in zip(short.comm, whole.comm):
+        assert a["count"] == b["count"] and a["seconds"] == pytest.approx(b["seconds"], rel=1e-9), (a, b)

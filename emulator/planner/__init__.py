@@ -21,8 +21,9 @@ emulator.planner --help`` is the command line.
 from .cluster import Cluster, cluster_preset
 from .evaluate import Estimate, evaluate
 from .models import ModelSpec, model_preset
+from .layers import inventory
 from .ranking import Rejected, enumerate_plans, search
 from .run import PlanRun, run_plan
 
 __all__ = ["evaluate", "search", "model_preset", "cluster_preset", "ModelSpec", "Cluster", "Estimate", "Rejected",
-           "enumerate_plans", "run_plan", "PlanRun"]
+           "enumerate_plans", "run_plan", "PlanRun", "inventory"]

@@ -94,9 +94,10 @@ def dp_tail(est, layers, per_layer, timer, timing, r, param_bytes, boundary):
     return total
 
 
-def comm_table(est, layers, per_layer, timer, timing, boundary, param_bytes):
+def comm_table(est, layers, per_layer, timer, timing, boundary, param_bytes, m_played):
     """(each pipeline rank's data-parallel tail in seconds, the communication table of the
-    rank that finishes last)."""
+    rank that finishes last). ``timing`` plays ``m_played`` micro-batches (sends are counted
+    there and scaled to the plan's)."""
     dims, p, m = est.dims, est.dims.pp, est.dims.micro_batches
     tails = [dp_tail(est, layers, per_layer, timer, timing, r, param_bytes, boundary) for r in range(p)]
     pipe_end = [max(e for _, _, e in timing[r]) for r in range(p)]
@@ -123,7 +124,7 @@ def comm_table(est, layers, per_layer, timer, timing, boundary, param_bytes):
                 t = timer.op(("c", op, nbytes, axis), r) * count
                 add(axis, op, nbytes, count, t, 0.0 if (axis != "tp" and dims.zero_stage == 0) else t)
     if p > 1:
-        sends = sum(1 for a, _, _ in timing[r] if a.kind in ("F", "B") and _crosses(a, r, p, dims.v))
+        sends = sum(1 for a, _, _ in timing[r] if a.kind in ("F", "B") and _crosses(a, r, p, dims.v)) * m // m_played
         hop = max(timer.p2p(boundary, r, (r + 1) % p), timer.p2p(boundary, r, (r - 1) % p))
         add("pp", "send/recv", boundary, sends, sends * hop, sends * hop)
     if dims.zero_stage == 0:

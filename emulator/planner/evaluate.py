@@ -44,8 +44,8 @@ class Estimate:
     bubble: float = None
     bubble_formula: float = None
     comm: object = None
-    stage_times: list = field(default=None, repr=False)  # per pipeline rank: {(kind, chunk): seconds}
-    timeline: dict = field(default=None, repr=False)  # the simulated schedule
+    stage_ends: list = field(default=None, repr=False)  # per pipeline rank: when its last action ends
+    timeline: dict = field(default=None, repr=False)  # the simulated schedule (of at most 5 p micro-batches)
 
     @property
     def valid(self):
@@ -150,21 +150,32 @@ def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=2, 
         return memo[key]
 
     per_layer = [[[times(x, r) for x in layers[c][r]] for c in range(v)] for r in range(p)]
-    actions = _schedule(dims.schedule, p, m, v)
-    durations = [action_durations(actions[r], per_layer[r], dims) for r in range(p)]
-    est.stage_times = durations
     boundary = b * (seq_len // dims.cp // (dims.tp if dims.sequence_parallel else 1)) * model.d_model * param_bytes
-    timing = simulate(actions, durations, lambda src, dst: timer.p2p(boundary, src, dst))
-    est.timeline = timing
-    pipe_end = [max(e for _, _, e in timing[r]) for r in range(p)]
-    est.pipeline_time = max(pipe_end)
-    busy = sum(e - s for r in range(p) for _, s, e in timing[r])
+
+    def play(m_sim):
+        """The pipeline of ``m_sim`` micro-batches: (timing, each rank's end, busy seconds, tails, table)."""
+        actions = _schedule(dims.schedule, p, m_sim, v)
+        durations = [action_durations(actions[r], per_layer[r], dims) for r in range(p)]
+        timing = simulate(actions, durations, lambda src, dst: timer.p2p(boundary, src, dst))
+        ends = [max(e for _, _, e in timing[r]) for r in range(p)]
+        busy = sum(sum(d) for d in durations)
+        tails, table = comm_table(est, layers, per_layer, timer, timing, boundary, param_bytes, m_sim)
+        return timing, ends, busy, tails, table
+
+    cap = steady_cap(p, v)
+    if m <= cap + p:
+        est.timeline, ends, busy, tails, est.comm = play(m)
+    else:  # every micro-batch past the ramp adds the same time to each rank: play two and extend the line
+        est.timeline, ends1, busy1, tails, est.comm = play(cap)
+        _, ends2, busy2, _, _ = play(cap + p)
+        ends = [e1 + (e2 - e1) * (m - cap) / p for e1, e2 in zip(ends1, ends2)]
+        busy = busy1 + (busy2 - busy1) * (m - cap) / p
+    est.stage_ends = ends
+    est.pipeline_time = max(ends)
     est.bubble = 1 - busy / (p * est.pipeline_time) if p > 1 else 0.0
     est.bubble_formula = pipeline_bubble(p, m, v) if dims.schedule != "zb_h1" else \
         pipeline_bubble(p, m, schedule="zb_h1")
-    tails, table = comm_table(est, layers, per_layer, timer, timing, boundary, param_bytes)
-    est.comm = table
-    est.step_time = max(pipe_end[r] + tails[r] for r in range(p))
+    est.step_time = max(ends[r] + tails[r] for r in range(p))
     tokens = batch * seq_len
     G = dims.world_size
     est.tokens_per_s_per_gpu = tokens / est.step_time / G
@@ -173,6 +184,12 @@ def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=2, 
     est.hfu = _executed_flops(layers, dims) / (est.step_time * G * peak)
     est.problems = problems + _soft_problems(est, cluster, dims)
     return est
+
+
+def steady_cap(p, v=1):
+    """Micro-batches played in full before the step is extended along a line: a multiple
+    of p (as the interleaved schedule needs) past the warm-up of every rank."""
+    return (v + 1) * p
 
 
 @lru_cache(maxsize=256)

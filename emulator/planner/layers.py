@@ -244,3 +244,17 @@ def ops_flops(ops):
         elif op[0] == "ring":
             total += sum(f for f, _ in op[2])
     return total
+
+
+def inventory(model, dims, batch, seq_len, rank, param_bytes=2):
+    """Pipeline rank ``rank``'s layers (every chunk) as plain numbers, for a global batch of
+    ``batch`` sequences: ``[{"name", "params": {"dense"/"experts": elements}, "kept": bytes
+    one micro-batch's forward keeps}]``."""
+    from ..parallel.pipeline.actions import stage_of
+
+    model = model.with_seq(seq_len)
+    b = batch // (dims.dp * dims.micro_batches)
+    names = split_names(model.n_layers, dims.pp * dims.v)
+    mine = [n for c in range(dims.v) for n in names[stage_of(dims.pp, rank, c)]]
+    return [{"name": n, "params": dict(x.params), "kept": x.input if dims.recompute == "full" else x.kept}
+            for n, x in zip(mine, rank_layers(model, dims, b, seq_len, param_bytes, mine))]

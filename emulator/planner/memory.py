@@ -123,12 +123,19 @@ def zero3_held(actions, split):
     return out
 
 
+def walked_micro_batches(p):
+    """Micro-batches a non-GPipe schedule is walked over: past them, nothing new is held."""
+    return 5 * p
+
+
 def stage_peaks(stage_layers, dims, param_bytes=2, mixed=True):
     """Every pipeline rank's ``(peak bytes, {kind: bytes at the peak})``: ``stage_layers[c][r]``
     is the list of :class:`~emulator.planner.layers.Layer` of rank r's chunk c."""
     p, v, m = dims.pp, dims.v, dims.micro_batches
     split = dims.schedule == "zb_h1"
     full = dims.recompute == "full"
+    if dims.schedule != "gpipe":  # the peak comes within the warm-up and the first steady micro-batches
+        m = min(m, walked_micro_batches(p))
     actions = _actions(dims.schedule, p, m, v)
     out = []
     for r in range(p):

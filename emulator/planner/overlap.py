@@ -68,13 +68,30 @@ def replay(timer, r, actions, timing, layers, dims, param_bytes, hop):
     ports, stream, finish = Ports(), {}, 0.0
 
     def blocking(op):
+        run_steps([(timer.op(op, r), kinds[op[-1]])])
+
+    def run_steps(steps):
         nonlocal t
-        sec = timer.op(op, r)
-        if op[0] in ("c", "a2a", "ring") and sec:
-            k = kinds[op[-1]]
-            t = ports.place(k, sec, t)
-            ports.book(k, t, t + sec)
-        t += sec
+        for sec, k in steps:
+            if k:
+                t = ports.place(k, sec, t)
+                ports.book(k, t, t + sec)
+            t += sec
+
+    def steps_of(x, name):  # the pass's ops as (seconds, ports or None), compute merged; kept on the layer
+        key = ("steps", name, timer.topology, groups["tp"], groups["cp"], groups["ep"])
+        if key not in x.times:
+            out, acc = [], 0.0
+            for op in x.ops.get(name, x.ops["F"]):
+                sec = timer.op(op, r)
+                if op[0] in ("c", "a2a", "ring") and sec:
+                    out += [(acc, None)] if acc else []
+                    out.append((sec, kinds[op[-1]]))
+                    acc = 0.0
+                else:
+                    acc += sec
+            x.times[key] = tuple(out + ([(acc, None)] if acc else []))
+        return x.times[key]
 
     for i in range(first, len(actions)):
         a = actions[i]
@@ -91,8 +108,7 @@ def replay(timer, r, actions, timing, layers, dims, param_bytes, hop):
             passes = {"F": ["F"], "W": ["W"], "B": (["F0"] if dims.recompute == "full" else []) +
                       (["B"] if split else ["B", "W"])}[a.kind]
             for name in passes:
-                for op in x.ops.get(name, x.ops["F"]):
-                    blocking(op)
+                run_steps(steps_of(x, name))
             if a.kind == done_kind and x.partial and dims.tp > 1:
                 blocking(("c", "all_reduce", x.partial * param_bytes, "tp"))
             if a.kind == done_kind and i == last[a.chunk]:  # the layer's last gradient: its all-reduce starts

@@ -164,6 +164,7 @@ def search(model, cluster, seq_len, global_batch_tokens, top=10, param_bytes=2, 
            full_evaluations=None):
     """The ``top`` plans, best first: a list of ``(ParallelDims, Estimate)``. Pass a list
     as ``rejected`` to receive every :class:`Rejected` factorisation and setting."""
+    model = model.with_seq(seq_len)
     bases, rej = enumerate_plans(model, cluster, seq_len, global_batch_tokens)
     B = global_batch_tokens // seq_len
     hbm = cluster.hbm_bytes

@@ -77,7 +77,7 @@ class PlanRun:
     def comm_stage(self):
         """The stage whose rank the estimate's communication table describes."""
         est = self.estimate
-        return max(range(est.dims.pp), key=lambda r: max(e for _, _, e in est.timeline[r]))
+        return max(range(est.dims.pp), key=lambda r: est.stage_ends[r])
 
     def table(self):
         """Predicted beside measured, with the relative error of each."""
