@@ -12,8 +12,8 @@
 # running the same plan, and against published training runs.
 #
 # You will write the rank-to-coordinates map of a mesh (Exercise 6.1), a plan's memory per
-# GPU (6.2) and its bytes per axis (6.3), pick a plan for a cluster (6.4), and turn the
-# lecture's three claims about the mesh into a function (6.5); and answer three napkins.
+# GPU (6.2) and its bytes per axis (6.3), turn the lecture's three claims about the mesh
+# into a function (6.4), and pick a plan for a cluster (6.5); and answer three napkins.
 
 # %%
 import numpy as np
@@ -21,7 +21,8 @@ import matplotlib.pyplot as plt
 
 from emulator import Topology, nn, viz
 from emulator.parallel import ParallelDims, run_on_mesh
-from emulator.planner import (ModelSpec, cluster_preset, evaluate, inventory, model_preset, run_plan, search)
+from emulator.planner import (ModelSpec, cluster_preset, evaluate, inventory, mesh_tradeoff as claims, model_preset,
+                              run_plan, search)
 from emulator.planner.pictures import mesh_layout, published_plot
 from emulator.planner.published import RUNS, predict
 from emulator.training import synthetic_batches, train_single
@@ -137,15 +138,15 @@ for (group, link), per_rank in sorted(sent.items()):
 # gradients, optimizer state, activations, communication buffers), each axis's collective
 # with its message size, frequency and link, then the throughput, bubble and overlap, and
 # check them on a run, rather than stopping at "it did not run out of memory". The planner
-# writes that account for any plan. A GPT of 8 blocks (d = 256) on 8 GPUs, 2 nodes of 4,
+# writes that account for any plan. A GPT of 4 blocks (d = 128) on 8 GPUs, 2 nodes of 4,
 # DP 2 x TP 2 x PP 2 with sequence parallelism, ZeRO-1 and 1F1B over 4 micro-batches, bf16
-# with mixed-precision Adam, sequences of 512, 16 per step:
+# with mixed-precision Adam, sequences of 256, 16 per step:
 
 # %%
-small = ModelSpec(n_layers=8, d_model=256, n_heads=8, d_ff=1024, vocab=2048)
+small = ModelSpec(n_layers=4, d_model=128, n_heads=4, d_ff=512, vocab=1024)
 two_nodes = cluster_preset("h100", nodes=2, gpus_per_node=4)
 plan = ParallelDims(dp=2, tp=2, pp=2, micro_batches=4, zero_stage=1, sequence_parallel=True)
-est = evaluate(small, two_nodes, plan, seq_len=512, global_batch_tokens=16 * 512)
+est = evaluate(small, two_nodes, plan, seq_len=256, global_batch_tokens=16 * 256)
 print(est.summary())
 print(est.comm)
 
@@ -155,7 +156,7 @@ print(est.comm)
 # The plan, run (shape-only: the real shapes, no values), predicted beside measured:
 
 # %%
-checked = run_plan(small, two_nodes, plan, 512, 16 * 512)
+checked = run_plan(small, two_nodes, plan, 256, 16 * 256)
 print(checked.table())
 
 # %% [markdown]
@@ -252,7 +253,7 @@ grade.check_comm_bytes(bytes_per_axis)
 print(f"{'':8s} {'stage':>5s} {'params':>9s} {'grads':>9s} {'optimizer':>9s} {'activ.':>9s} {'buffers':>9s} "
       f"{'dp bytes sent':>14s} {'step ms':>8s}")
 for z in (0, 1, 2, 3):
-    r = run_plan(small, two_nodes, plan.replace(zero_stage=z), 512, 16 * 512)
+    r = run_plan(small, two_nodes, plan.replace(zero_stage=z), 256, 16 * 256)
     for s in range(2):
         led = r.run.world.memory[r.representative(s)]
         dp_sent = sum(b for (g, _), b in r.measured_sent(s).items() if g == "dp,cp")
@@ -263,10 +264,12 @@ for z in (0, 1, 2, 3):
 # %% [markdown]
 # Read down each column: the optimizer state halves at ZeRO-1 (12 bytes per element over
 # two data-parallel ranks), the gradients at ZeRO-2, the parameters at ZeRO-3, which then
-# holds one gathered layer at a time as a buffer. Bytes sent are DDP's for ZeRO-1 and 2;
-# ZeRO-2 reduce-scatters every micro-batch instead of once (the full gradient has nowhere
-# to wait), and ZeRO-3 gathers every layer again for every forward and backward. With two
-# data-parallel ranks the savings are halves; on Llama 3's 128 they are 1/128.
+# holds one gathered layer at a time as a buffer. ZeRO-1 sends DDP's bytes (a reduce-scatter
+# and an all-gather are an all-reduce); ZeRO-2 reduce-scatters every micro-batch instead of
+# once per step, since the full gradient has nowhere to wait, so it sends more here, with 4
+# micro-batches; ZeRO-3 also gathers every layer for every forward and backward. Activations
+# do not move: ZeRO shards state, not activations. With two data-parallel ranks the savings
+# are halves; on Llama 3's 128 ranks they are 1/128.
 #
 # ## 5. The practical order, from runs that break it
 #
@@ -292,28 +295,34 @@ def show(label, dims, model=llama70, cluster=eight_nodes, seq=4096, batch=512):
 
 
 base = dict(zero_stage=1, sequence_parallel=True, recompute="selective")
-good = show("TP 8 in a node, PP 2 across, DP 4", ParallelDims(dp=4, tp=8, pp=2, micro_batches=128, **base))
-show("TP 2, PP 8, DP 4", ParallelDims(dp=4, tp=2, pp=8, micro_batches=128, **base))
-show("PP 8 inside... TP 8 across nodes (pp inner)", ParallelDims(dp=4, tp=8, pp=2, micro_batches=128, **base),
+show("TP 8 in a node, PP 2 across, DP 4", ParallelDims(dp=4, tp=8, pp=2, micro_batches=128, **base))
+show("the same on nodes of 4 GPUs (TP crosses)", ParallelDims(dp=4, tp=8, pp=2, micro_batches=128, **base),
      cluster=cluster_preset("h100", nodes=16, gpus_per_node=4))
-show("no SP, no recomputation", ParallelDims(dp=4, tp=8, pp=2, micro_batches=128, zero_stage=1))
+show("TP 2, PP 8, DP 4", ParallelDims(dp=4, tp=2, pp=8, micro_batches=128, **base))
+show("TP 2, PP 8, DP 4 without SP or recomputation", ParallelDims(dp=4, tp=2, pp=8, micro_batches=128,
+                                                                  zero_stage=1))
 
 # %% [markdown]
-# With 8 GPUs per node, TP 8 keeps every tensor-parallel collective on NVLink. The same
-# plan on nodes of 4 GPUs puts each TP group across two nodes: its all-reduces run on the
-# NICs and the step slows by the time printed. Moving the split from TP into PP keeps the
-# GPUs busy computing but pays a larger bubble. Dropping sequence parallelism and
-# recomputation overflows HBM: activations, not parameters, are what fill a GPU here.
+# With 8 GPUs per node, TP 8 keeps every tensor-parallel collective on NVLink; the same plan
+# on nodes of 4 GPUs puts each TP group across two nodes, its collectives on the NICs, and
+# the step slows by the time printed: that is the rule that holds without exception. The
+# next line is a surprise: once the model fits, *less* TP is faster here. The emulator
+# sends every tensor-parallel collective unhidden and in fp32, so TP costs more than it does
+# in Megatron, which overlaps it with GEMMs; with TP 2 the same GPUs go to a deeper pipeline,
+# whose bubble, at 32 micro-batches per stage, is small. The lecture's order is about fitting
+# first: TP (on NVLink) and PP (across nodes) until the model fits, then everything else to
+# DP. And the last line: without sequence parallelism and recomputation the same plan no
+# longer fits. Activations, not parameters, are what fill these GPUs.
 #
-# Mixture of experts: Mixtral 8x22B's shape, EP 8 inside a node against EP 8 across nodes:
+# Mixture of experts: Mixtral 8x22B's shape with EP 8, the same plan on nodes of 8 GPUs
+# (the all-to-all inside a node) and of 2 (across four nodes):
 
 # %%
 mixtral = model_preset("mixtral-8x22b")
-c32 = cluster_preset("h100", nodes=32)
-for ep, tp in ((8, 1), (8, 4)):
-    show(f"EP {ep} x TP {tp} (all-to-all over {'NVLink' if ep * tp <= 8 else 'the NICs'})",
-         ParallelDims(dp=16, tp=tp, pp=16 // tp, ep=ep, micro_batches=16, zero_stage=1, sequence_parallel=tp > 1,
-                      recompute="full"), model=mixtral, cluster=c32, batch=256)
+moe_plan = ParallelDims(dp=32, pp=4, ep=8, micro_batches=8, zero_stage=1, recompute="full")
+for per_node in (8, 2):
+    show(f"EP 8 on nodes of {per_node} GPUs", moe_plan, model=mixtral,
+         cluster=cluster_preset("h100", nodes=128 // per_node, gpus_per_node=per_node), batch=256)
 
 # %% [markdown]
 # **The lecture's three claims.** (a) TP = 16 with 8 GPUs per node is invalid: its
@@ -322,7 +331,7 @@ for ep, tp in ((8, 1), (8, 4)):
 # inflates the bubble while that memory holds flat. (c) Shifting the split back from PP into
 # DP lowers the bubble at no state-memory cost.
 #
-# **Exercise 6.5** — the claims as a function. For a model of `n_params` parameters on
+# **Exercise 6.4** — the claims as a function. For a model of `n_params` parameters on
 # `gpus` GPUs (`gpus_per_node` per node) with `tp` and `pp` (DP is what is left), a global
 # batch of `global_batch` sequences and `micro_batch` sequences per micro-batch, return
 # `{"valid": bool, "state_bytes": float, "bubble": float}`: valid when TP fits in a node,
@@ -332,7 +341,7 @@ for ep, tp in ((8, 1), (8, 4)):
 
 # %%
 def mesh_tradeoff(n_params, gpus, tp, pp, gpus_per_node, global_batch, micro_batch=1):
-    ### BEGIN SOLUTION: Exercise 6.5: the seed's three claims
+    ### BEGIN SOLUTION: Exercise 6.4: the seed's three claims
     valid = tp <= gpus_per_node and gpus % (tp * pp) == 0
     dp = gpus // (tp * pp) if gpus % (tp * pp) == 0 else 0
     valid = valid and global_batch % (dp * micro_batch) == 0
@@ -345,11 +354,12 @@ def mesh_tradeoff(n_params, gpus, tp, pp, gpus_per_node, global_batch, micro_bat
 grade.check_mesh_tradeoff(mesh_tradeoff)
 
 # %% [markdown]
-# The claims, executed: 70B on 64 GPUs, 512 sequences per step, one per micro-batch.
+# The claims, executed (with the library's `mesh_tradeoff`, the same function): 70B on 64
+# GPUs, 64 sequences per step, one per micro-batch.
 
 # %%
 for tp, pp in ((16, 2), (8, 2), (8, 4), (8, 8), (4, 2)):
-    t = mesh_tradeoff(70e9, 64, tp, pp, 8, 512)
+    t = claims(70e9, 64, tp, pp, 8, 64)
     print(f"TP {tp:2d} x PP {pp} x DP {64 // (tp * pp):2d}: valid {t['valid']!s:5s} state {t['state_bytes'] / 1e9:5.1f} "
           f"GB per GPU, bubble " + (f"{t['bubble']:.1%}" if t["valid"] else "-"))
 crossing = show("(a) TP 16: the time it costs", ParallelDims(dp=2, tp=16, pp=2, micro_batches=256, **base),
@@ -360,24 +370,24 @@ print(f"TP 16 is flagged invalid ({crossing.problems[0][:40]}...) and its step i
       f"{crossing.step_time / inside.step_time:.1f}x TP 8's")
 
 # %% [markdown]
-# The state per GPU is 17.5 GB whatever the split; PP 2 -> 4 -> 8 raises the bubble from 3%
-# to 12% of the step, and going back from PP to DP undoes it. What the lecture does not
-# say: **activation memory is not flat**. Under 1F1B the first stage holds $p$ micro-batches
-# at its peak and the last one, and the first also holds the embedding. Measured, per
-# stage, on the plan of section 3 with four stages:
+# The state per GPU is 17.5 GB whatever the split (a), (b); raising PP from 2 to 8 while DP
+# falls from 4 to 1 raises the bubble, though the micro-batches per replica grow as DP
+# shrinks, and moving the split back from PP to DP undoes it (c). TP 16 is refused, and the
+# planner prices what it would cost. What the lecture does not say: **activation memory is
+# not flat**. Under 1F1B the first stage holds $p$ micro-batches at its peak and the last
+# one. Measured, per stage, on the model of section 3 with four stages:
 
 # %%
-four = run_plan(small, two_nodes, ParallelDims(dp=2, pp=4, micro_batches=8, zero_stage=1), 512, 32 * 512)
+four = run_plan(small, two_nodes, ParallelDims(dp=2, pp=4, micro_batches=8, zero_stage=1), 256, 32 * 256)
 acts = [four.run.world.memory[four.representative(s)].peak_breakdown["activations"] for s in range(4)]
 print("activations at each stage's peak:", ", ".join(f"stage {s}: {a / 1e6:.1f} MB" for s, a in enumerate(acts)))
 print("in micro-batches of stage 1's size:", ", ".join(f"{a / (acts[1] / 3):.2f}" for a in acts))
 
 # %% [markdown]
-# Stage 0 holds 4 micro-batches, stage 3 one, and the ratios are not whole numbers: stage
-# 0 also keeps the token ids and positions of the embedding, stage 3 the output layer's
-# input and norm. Raising PP while lowering DP keeps the *state* flat but grows the first
-# stage's activations with $p$: that, not the 16 bytes per parameter, is what stops a deep
-# pipeline.
+# Stage 0 holds 4 micro-batches' activations, stage 3 one (a little more: it also keeps
+# the output layer's input and its normalised copy). Raising PP while lowering DP keeps the
+# *state* flat but grows the first stage's activations with $p$: that, not the 16 bytes
+# per parameter, is what stops a deep pipeline.
 #
 # ## 6. The planner
 #
@@ -396,34 +406,39 @@ reasons = sorted({r.reason for r in rejected})
 print(f"{len(rejected)} rejected, for {len(reasons)} reasons, e.g. {reasons[0]!r}")
 
 # %% [markdown]
-# **Exercise 6.4** — pick a plan. `choose_plan(model, cluster, seq_len, batch_tokens)`
+# **Exercise 6.5** — pick a plan. `choose_plan(model, cluster, seq_len, batch_tokens)`
 # returns a `ParallelDims` for the model on the cluster. The check runs your plan on the
-# emulator for two clusters whose GPUs have little memory (1 GB and 0.6 GB, so these small
-# models must be split as a big one is): it must fit, and its measured tokens per second
-# per GPU must be within 15% of the best plan the planner's search finds. `search` refuses
-# to run while the check runs your function; `evaluate` is yours to use.
+# emulator for two clusters of 8 GPUs (2 nodes of 4) whose GPUs have little memory (0.25 GB
+# and 0.15 GB, so these small models must be split or sharded as a big one is): it must
+# fit, and its measured tokens per second per GPU must be within 15% of the best plan the
+# planner's search finds. `search` refuses to run while the check runs your function;
+# `evaluate` is yours to use.
 
 # %%
 def choose_plan(model, cluster, seq_len, batch_tokens):
-    ### BEGIN SOLUTION: Exercise 6.4: choose a plan
+    ### BEGIN SOLUTION: Exercise 6.5: choose a plan
     G, batch = cluster.gpus, batch_tokens // seq_len
     best = None
     for tp in (1, 2, 4):
         for pp in (1, 2, 4, 8):
-            if G % (tp * pp) or tp > cluster.gpus_per_node:
+            if G % (tp * pp) or tp > cluster.gpus_per_node or batch % (G // (tp * pp)):
                 continue
             dp = G // (tp * pp)
-            if batch % dp:
-                continue
             m = batch // dp if pp > 1 else 1
-            for recompute in ("none", "selective", "full"):
+            fits = None
+            for recompute in ("none", "selective", "full"):  # least recomputation, then the lowest ZeRO stage
                 for z in (0, 1, 2, 3):
                     dims = ParallelDims(dp=dp, tp=tp, pp=pp, micro_batches=m, zero_stage=z, recompute=recompute,
                                         sequence_parallel=tp > 1)
                     e = evaluate(model, cluster, dims, seq_len, batch_tokens)
-                    if e.valid and e.fits and (best is None or e.tokens_per_s_per_gpu > best[0]):
-                        best = (e.tokens_per_s_per_gpu, dims)
-    return best[1]
+                    if e.valid and e.fits:
+                        fits = e
+                        break
+                if fits:
+                    break
+            if fits and (best is None or fits.tokens_per_s_per_gpu > best.tokens_per_s_per_gpu):
+                best = fits
+    return best.dims
     ### END SOLUTION
 
 
@@ -504,13 +519,13 @@ for name, e in (("pretraining, 8k tokens", pre), ("long context, 131k tokens", l
 # The planner's account of each, and what it picks instead on the same GPUs:
 
 # %%
-cases = [("DeepSeek-V3", "deepseek-v3", 256, 4096, 1920, dict(dp=128, pp=16, ep=64, zero_stage=1)),
+cases = [("DeepSeek-V3", "deepseek-v3", 256, 4096, 15360, dict(dp=128, pp=16, ep=64, zero_stage=1)),
          ("Mixtral 8x22B (recipe)", "mixtral-8x22b", 16, 4096, 256, dict(dp=8, pp=4, tp=4, ep=8, zero_stage=1)),
          ("Qwen3-235B (recipe)", "qwen3-235b-a22b", 64, 4096, 512, dict(dp=32, pp=8, tp=2, ep=32, zero_stage=1)),
          ("OLMo 7B", "olmo-7b", 32, 2048, 2048, dict(dp=256, zero_stage=3)),
          ("Gemma 2 27B (as H100s)", "gemma2-27b", 32, 8192, 512, dict(dp=32, tp=8, zero_stage=3)),
          ("Yi 34B", "yi-34b", 16, 4096, 512, dict(dp=16, tp=4, pp=2, zero_stage=1)),
-         ("DeepSeek V1 67B", "llama3-70b", 32, 4096, 1024, dict(dp=16, tp=8, pp=2, zero_stage=1))]
+         ("DeepSeek LLM 67B", "deepseek-67b", 32, 4096, 1024, dict(dp=16, tp=8, pp=2, zero_stage=1))]
 for name, preset, nodes, seq, batch, axes in cases:
     m, c = model_preset(preset), cluster_preset("h100", nodes=nodes)
     per = batch // axes["dp"]
@@ -525,8 +540,8 @@ for name, preset, nodes, seq, batch, axes in cases:
     print(line)
 
 # %% [markdown]
-# (DeepSeek V1's 67B is priced with Llama 3 70B's shape; DeepSeek-V3's with the
-# approximations its preset states.) The planner's picks differ from the published meshes
+# (DeepSeek-V3 is priced with the approximations its preset states; its batch is the
+# report's final one, 15,360 sequences of 4,096 tokens.) The planner's picks differ from the published meshes
 # for reasons its model makes visible: it prices only this step's time, so it has no
 # reason to prefer the published runs' choices that pay off elsewhere (DeepSeek-V3's
 # all-to-all overlap inside DualPipe, which the emulator does not run; a recipe's tuning
@@ -554,9 +569,10 @@ for recompute in ("none", "full"):
           f"{e.tokens_per_s_per_gpu:,.0f} tokens/s per GPU")
 
 # %% [markdown]
-# Without recomputation only 8 micro-batches fit, and the bubble of 8 stages eats 44% of
-# the step; recomputing every layer's forward costs a third more compute, but the 128
-# micro-batches it makes room for shrink the bubble to 5%, and the step is faster per token.
+# Without recomputation only 8 micro-batches fit, and the bubble of 8 stages eats nearly
+# half the step; recomputing every layer's forward costs a third more compute, but the 128
+# micro-batches it makes room for shrink the bubble to a tenth, and more tokens go through
+# per second.
 # (1F1B holds at most $p$ micro-batches whatever $m$, which is why it replaced GPipe.)
 #
 # ## 8. Napkins

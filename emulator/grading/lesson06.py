@@ -19,14 +19,14 @@ from ..mesh import Mesh
 from ..parallel.dims import ParallelDims
 from ..parallel.runtime import run_on_mesh, shape_only_batches
 from ..planner import Cluster, ModelSpec, evaluate, inventory, search
-from ..planner import memory as planner_memory, ranking, run as planner_run
+from ..planner import memory as planner_memory, ranking, run as planner_run, tradeoff
 from .common import CheckFailed, expect, passed
 from .napkins import variants
 from .refuse import refusing
 
-MESH = (Mesh.coords, Mesh.group_ranks, Mesh.rank_of, ParallelDims.groups_of)
+MESH = (Mesh.coords, Mesh.coord, Mesh.group_ranks, Mesh.groups, Mesh.rank_of, Mesh.layout, ParallelDims.groups_of)
 PLANNER = (evaluate, planner_memory.stage_peaks, planner_memory.Units, planner_run.run_plan)
-SEARCH = (search, ranking.search, ranking.enumerate_plans)
+SEARCH = (search, ranking.enumerate_plans)
 KINDS = ("params", "grads", "optimizer", "activations", "buffers")
 
 
@@ -38,30 +38,33 @@ def check_mesh_coords(fn):
               {"dp": 3, "pp": 5}, {"tp": 2, "dp": 3}]
     for sizes in meshes:
         mesh = Mesh(sizes)
+        answers = []
         for rank in range(mesh.size):
-            want_c = mesh.coords(rank)
-            want_g = {a: list(mesh.group_ranks(a, rank)) for a in sizes}
             with refusing(what, *MESH):
                 got = fn(rank, dict(sizes))
             expect(isinstance(got, tuple) and len(got) == 2, f"{what}: return (coords, groups), two dicts")
-            coords, groups = got
+            answers.append(got)
+        for rank, (coords, _) in enumerate(answers):  # every rank's coordinates first: they say the axis order
+            want_c = mesh.coords(rank)
             expect(dict(coords) == want_c, f"{what}, mesh {sizes}, rank {rank}: coordinates {dict(coords)}, expected "
                                            f"{want_c}; the last axis is innermost (it changes fastest with the rank)")
+        for rank, (_, groups) in enumerate(answers):
             for a in sizes:
+                want_g = list(mesh.group_ranks(a, rank))
                 g = [int(x) for x in groups.get(a, [])]
-                expect(g == want_g[a], f"{what}, mesh {sizes}, rank {rank}: group along {a!r} is {g}, expected "
-                                       f"{want_g[a]} (the ranks that differ from {rank} only in {a}, in order)")
+                expect(g == want_g, f"{what}, mesh {sizes}, rank {rank}: group along {a!r} is {g}, expected "
+                                    f"{want_g} (the ranks that differ from {rank} only in {a}, in order)")
     passed(what, f"coordinates and groups of every rank of {len(meshes)} meshes (3 and 5 included, 4 axes)")
 
 
 # ----------------------------------------------------------------- Exercise 6.2
 def memory_plans():
     """(model, dims, seq, batch) whose 1F1B peak comes with every micro-batch in flight."""
-    dense, gqa = ModelSpec(8, 256, 8, 1024, 2048), ModelSpec(8, 256, 8, 768, 2048, n_kv_heads=2, mlp="swiglu")
-    return [(dense, ParallelDims(dp=2, tp=2, pp=2, micro_batches=4, zero_stage=1, sequence_parallel=True), 512, 16),
-            (dense, ParallelDims(dp=4, pp=2, micro_batches=4, zero_stage=0), 512, 32),
-            (gqa, ParallelDims(dp=2, pp=4, micro_batches=8, zero_stage=2, recompute="selective"), 512, 32),
-            (gqa, ParallelDims(dp=8, tp=1, zero_stage=1, micro_batches=2), 256, 32)]
+    dense, gqa = ModelSpec(4, 128, 4, 512, 1024), ModelSpec(8, 128, 8, 384, 1024, n_kv_heads=2, mlp="swiglu")
+    return [(dense, ParallelDims(dp=2, tp=2, pp=2, micro_batches=4, zero_stage=1, sequence_parallel=True), 256, 16),
+            (dense, ParallelDims(dp=4, pp=2, micro_batches=4, zero_stage=0), 256, 32),
+            (gqa, ParallelDims(dp=2, pp=4, micro_batches=8, zero_stage=2, recompute="selective"), 256, 32),
+            (gqa, ParallelDims(dp=8, tp=1, zero_stage=1, micro_batches=2), 128, 32)]
 
 
 def _run(model, dims, seq, batch, topology, mixed=True):
@@ -144,7 +147,7 @@ def _hint(axis):
                   "n)"}[axis]
 
 
-# ----------------------------------------------------------------- Exercise 6.4
+# ----------------------------------------------------------------- Exercise 6.5
 def small_hbm_cluster(nodes=2, gpus_per_node=4, hbm=1.0e9):
     """H100 nodes whose GPUs have ``hbm`` bytes: a small model must be split as a big one is."""
     device = replace(Device.h100(), hbm_bytes=hbm)
@@ -152,14 +155,14 @@ def small_hbm_cluster(nodes=2, gpus_per_node=4, hbm=1.0e9):
                    Topology.h100(gpus_per_node=gpus_per_node, device=device))
 
 
-CHOICES = [(ModelSpec(8, 1024, 16, 4096, 8192), 1024, 64, 1.0e9), (ModelSpec(12, 768, 12, 3072, 6144), 512, 64, 0.6e9)]
+CHOICES = [(ModelSpec(8, 512, 8, 2048, 4096), 512, 32, 0.25e9), (ModelSpec(6, 384, 6, 1536, 3072), 512, 32, 0.15e9)]
 MARGIN = 0.15
 
 
 def check_choose_plan(fn):
-    """Exercise 6.4: fn(model, cluster, seq_len, batch_tokens) -> ParallelDims, run on the
+    """Exercise 6.5: fn(model, cluster, seq_len, batch_tokens) -> ParallelDims, run on the
     emulator: it must fit, and its tokens per second be within 15% of the best plan's."""
-    what = "Exercise 6.4"
+    what = "Exercise 6.5"
     lines = []
     for model, seq, batch, hbm in CHOICES:
         cluster = small_hbm_cluster(hbm=hbm)
@@ -184,24 +187,17 @@ def check_choose_plan(fn):
     passed(what, "ran on the emulator: " + "; ".join(lines))
 
 
-# ----------------------------------------------------------------- Exercise 6.5
-def _tradeoff(n_params, gpus, tp, pp, gpus_per_node, global_batch, micro_batch=1):
-    dp = gpus // (tp * pp) if gpus % (tp * pp) == 0 else None
-    valid = dp is not None and tp <= gpus_per_node and global_batch % (dp * micro_batch) == 0
-    m = global_batch // (dp * micro_batch) if dp else None
-    return {"valid": bool(valid), "state_bytes": 16 * n_params / gpus,
-            "bubble": (pp - 1) / (m + pp - 1) if valid else None}
-
-
+# ----------------------------------------------------------------- Exercise 6.4
 def check_mesh_tradeoff(fn):
-    """Exercise 6.5: fn(n_params, gpus, tp, pp, gpus_per_node, global_batch, micro_batch=1)
+    """Exercise 6.4: fn(n_params, gpus, tp, pp, gpus_per_node, global_batch, micro_batch=1)
     -> {"valid", "state_bytes", "bubble"}."""
-    what = "Exercise 6.5"
+    what = "Exercise 6.4"
     cases = [(70e9, 64, 8, 2, 8, 512), (70e9, 64, 16, 2, 8, 512), (70e9, 64, 8, 4, 8, 512), (175e9, 1024, 8, 16, 8, 1536),
              (7e9, 48, 2, 3, 8, 96), (13e9, 24, 4, 3, 4, 60), (30e9, 128, 4, 8, 8, 100), (30e9, 96, 8, 4, 8, 96)]
     for case in cases:
-        want = _tradeoff(*case)
-        got = fn(*case)
+        want = tradeoff.mesh_tradeoff(*case)
+        with refusing(what, tradeoff.mesh_tradeoff):
+            got = fn(*case)
         expect(isinstance(got, dict) and {"valid", "state_bytes", "bubble"} <= set(got),
                f"{what}: return a dict with 'valid', 'state_bytes' and 'bubble'")
         args = f"N={case[0]:g}, {case[1]} GPUs, tp={case[2]}, pp={case[3]}, {case[4]} per node, batch {case[5]}"

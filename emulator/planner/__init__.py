@@ -24,6 +24,7 @@ from .models import ModelSpec, model_preset
 from .layers import inventory
 from .ranking import Rejected, enumerate_plans, search
 from .run import PlanRun, run_plan
+from .tradeoff import mesh_tradeoff
 
 __all__ = ["evaluate", "search", "model_preset", "cluster_preset", "ModelSpec", "Cluster", "Estimate", "Rejected",
-           "enumerate_plans", "run_plan", "PlanRun", "inventory"]
+           "enumerate_plans", "run_plan", "PlanRun", "inventory", "mesh_tradeoff"]

@@ -173,10 +173,12 @@ PRESETS = {
                                  note="approximation: its heads are 128 wide (64 x 128 > d_model); here d/64"),
     "olmo-7b": ModelSpec(32, 4096, 32, 11008, 50304, None, "swiglu", positions="rope", name="OLMo 7B",
                          source="Groeneveld et al. 2024 (arXiv:2402.00838), Table 1; allenai/OLMo-7B config"),
-    "gemma2-27b": ModelSpec(46, 4608, 32, 36864, 256128, 16, "swiglu", positions="rope", name="Gemma 2 27B",
+    "gemma2-27b": ModelSpec(46, 4608, 32, 36864, 256000, 16, "swiglu", positions="rope", name="Gemma 2 27B",
                             source="Gemma 2 report (arXiv:2408.00118), Table 1",
                             note="approximation: GeGLU counted as a gated MLP; its heads are 128 wide "
                                  "(32 x 128 < d_model); local/global attention not modelled"),
+    "deepseek-67b": ModelSpec(95, 8192, 64, 22016, 102400, 8, "swiglu", positions="rope", name="DeepSeek LLM 67B",
+                              source="DeepSeek LLM paper (arXiv:2401.02954), Table 2; deepseek-ai config.json"),
     "yi-34b": ModelSpec(60, 7168, 56, 20480, 64000, 8, "swiglu", positions="rope", name="Yi 34B",
                         source="Yi report (arXiv:2403.04652), Table 1"),
 }
