@@ -214,43 +214,53 @@ def check_mesh_tradeoff(fn):
 
 
 # ----------------------------------------------------------------- napkins
+def state_per_gpu(n_params, dp, tp, pp):
+    """Napkin 6.1's model: GB per GPU of bf16 parameters and gradients (4 bytes per
+    parameter over TP x PP) and of mixed-precision Adam's state under ZeRO-1 (12 bytes per
+    parameter over TP x PP x DP)."""
+    return 4 * n_params / (tp * pp) / 1e9, 12 * n_params / (tp * pp * dp) / 1e9
+
+
+def dp_compute_bound_tokens(flops, bandwidth, dp, grad_bytes):
+    """Napkin 6.2's model: tokens per replica per step for which the compute, 6 N T / (TP
+    PP) FLOPs per GPU, lasts as long as the ring all-reduce of its gradients, 2 (dp-1)/dp
+    grad_bytes N / (TP PP) bytes per GPU: T = grad_bytes (dp-1)/dp flops / (3 bandwidth)."""
+    return grad_bytes * (dp - 1) / dp * flops / (3 * bandwidth)
+
+
+def llama_cp_switch(seq, tokens, positions_per_gpu, gpus, tp, pp):
+    """Napkin 6.3's model: (CP, DP, sequences per replica per step)."""
+    cp = seq // positions_per_gpu
+    dp = gpus // (tp * pp * cp)
+    return cp, dp, tokens // seq // dp
+
+
 def napkin_state(fn):
     """Napkin 6.1: fn(n_params, dp, tp, pp) -> (params+grads GB, optimizer GB) per GPU under ZeRO-1."""
-    def model(n_params, dp, tp, pp):
-        return 4 * n_params / (tp * pp) / 1e9, 12 * n_params / (tp * pp * dp) / 1e9
-
     cases = [dict(n_params=70e9, dp=4, tp=8, pp=2), dict(n_params=405e9, dp=128, tp=8, pp=16),
              dict(n_params=13e9, dp=32, tp=2, pp=1), dict(n_params=1e12, dp=6, tp=8, pp=64)]
-    want = variants("Napkin 6.1", fn, cases, model, " GB", ("params and grads", "optimizer"))
+    want = variants("Napkin 6.1", fn, cases, state_per_gpu, " GB", ("params and grads", "optimizer"))
     passed("Napkin 6.1", f"{want[0]:.2f} GB of parameters and gradients, {want[1]:.2f} GB of optimizer state per GPU")
 
 
 def napkin_dp_tokens(fn):
     """Napkin 6.2: fn(flops, bandwidth, dp, grad_bytes) -> tokens per replica per step that
     keep the data axis compute-bound."""
-    def model(flops, bandwidth, dp, grad_bytes):
-        return (grad_bytes * (dp - 1) / dp * flops / (3 * bandwidth),)
-
     cases = [dict(flops=989e12, bandwidth=48e9, dp=64, grad_bytes=2), dict(flops=312e12, bandwidth=24e9, dp=8,
                                                                             grad_bytes=2),
              dict(flops=989e12, bandwidth=370e9, dp=2, grad_bytes=4), dict(flops=989e12, bandwidth=48e9, dp=1024,
                                                                              grad_bytes=2)]
-    want = variants("Napkin 6.2", lambda **kw: (fn(**kw),) if kw else (fn(),), cases, model, " tokens",
-                    ("tokens per replica",), rel=0.02)
+    want = variants("Napkin 6.2", lambda **kw: (fn(**kw),) if kw else (fn(),), cases,
+                    lambda **kw: (dp_compute_bound_tokens(**kw),), " tokens", ("tokens per replica",), rel=0.02)
     passed("Napkin 6.2", f"{want[0]:,.0f} tokens per replica per step keep the gradient all-reduce behind compute")
 
 
 def napkin_llama_cp(fn):
     """Napkin 6.3: fn(seq, tokens, positions_per_gpu, gpus, tp, pp) -> (cp, dp, sequences per replica)."""
-    def model(seq, tokens, positions_per_gpu, gpus, tp, pp):
-        cp = seq // positions_per_gpu
-        dp = gpus // (tp * pp * cp)
-        return cp, dp, tokens // seq // dp
-
     cases = [dict(seq=131072, tokens=16 * 2**20, positions_per_gpu=8192, gpus=16384, tp=8, pp=16),
              dict(seq=8192, tokens=16 * 2**20, positions_per_gpu=8192, gpus=16384, tp=8, pp=16),
              dict(seq=65536, tokens=8 * 2**20, positions_per_gpu=4096, gpus=4096, tp=8, pp=4)]
-    want = variants("Napkin 6.3", fn, cases, model, "", ("cp", "dp", "sequences per replica"), rel=0)
+    want = variants("Napkin 6.3", fn, cases, llama_cp_switch, "", ("cp", "dp", "sequences per replica"), rel=0)
     passed("Napkin 6.3", f"at 131k tokens: CP {want[0]}, DP {want[1]}, {want[2]} sequences per replica: each GPU "
                          f"still holds 8,192 positions")
 
