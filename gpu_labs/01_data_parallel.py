@@ -14,8 +14,10 @@ the hand-written ones it prints, per rank, the bytes held (parameters, gradients
 optimizer state, from the same ledger the emulator keeps) and sent per step (ring
 algorithms, from the sizes of the collectives called), beside the emulator running the
 same program in the same dtype, and writes each variant's calls to
-``--out``/01_data_parallel.zero<stage>.calls.json (the format of ``emulator.records.calls``); a
-test checks they are the emulator's calls. On GPUs it also prints
+``--out``/01_data_parallel.zero<stage>.calls.json (the format of ``emulator.records.calls``),
+comparing them with the emulator's, call for call. ``--dtype bfloat16`` trains in bf16
+against a float64 reference (the emulator then runs in float32, its bytes halved to
+bf16's). Every check covers every parameter: a missing one fails. On GPUs it also prints
 ``torch.cuda.max_memory_allocated``: everything the caching allocator handed out,
 activations, temporaries and the reference runs' tensors included, so it exceeds the
 ledger's sum. NCCL on GPUs, gloo on the CPU (``--backend`` overrides).
@@ -29,7 +31,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
-from common import add_dtype_option, base_parser, fail, finish, init, lab_dtype, say, sync
+from checks import differences, error, expect_same_calls_rank0
+from common import (TORCH_VERSION, add_dtype_option, base_parser, dtype_name, fail, fail_everywhere, finish, header, init, lab_dtype,
+                    reference_dtype, say, sync)
 from torch_parallel.data_parallel import VARIANTS, Setup
 from trace import Recorder
 
@@ -38,6 +42,7 @@ from emulator.records.memory import MemoryLedger
 from emulator.nn import torch_reference as R
 from emulator.parallel import NAMES, data_parallel
 from emulator.parallel.flat_layout import layouts
+from emulator.records.calls import Call
 from emulator.training import synthetic_batches, train
 
 V, D, H, FF, L, S = 16, 32, 2, 64, 2, 16
@@ -48,8 +53,9 @@ def parse():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--batch", type=int, default=8, help="global batch (a multiple of the world size)")
     add_dtype_option(ap)
-    ap.add_argument("--self-test-fault", action="store_true",
-                    help="flip the sign of one gradient in the hand-written ZeRO-1, to prove the check catches it")
+    ap.add_argument("--self-test-fault", choices=["wrong-gradient", "drop-parameter", "drop-call"],
+                    help="damage the hand-written ZeRO-1 on rank 0 (one gradient wrong, one parameter missing from "
+                         "its result, one call missing from its trace), to prove a check catches it")
     return ap.parse_args()
 
 
@@ -129,7 +135,10 @@ def torch_ddp(params0, batches, device, dtype, rank, n):
 
 
 def torch_fsdp2(params0, batches, device, dtype, rank, n, mesh):
-    from torch.distributed.fsdp import fully_shard
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch 2.4 keeps FSDP2 in a private module
+        from torch.distributed._composable.fsdp import fully_shard
 
     model = TorchGPT(params0, device, dtype)
     for layer in model.layers:  # each layer its own unit, then the root, as the lesson shards
@@ -140,8 +149,8 @@ def torch_fsdp2(params0, batches, device, dtype, rank, n, mesh):
 
 
 def emulator_run(params0, batches, n, zero_stage, dtype):
-    """The lesson's algorithm on the emulator, same model, data and dtype: (memory report,
-    bytes sent per step by rank, calls by rank)."""
+    """The lesson's algorithm on the emulator, same model, data and dtype (float32 for a
+    bf16 run): (memory report, bytes sent per step by rank, calls by rank)."""
     np_dtype = np.float64 if dtype == torch.float64 else np.float32
     model = nn.GPT(V, D, H, FF, L, S, dtype=np_dtype)
     p = {k: v.astype(np_dtype) for k, v in params0.items()}
@@ -154,8 +163,9 @@ def emulator_run(params0, batches, n, zero_stage, dtype):
 
 def main():
     args = parse()
-    rank, n, device = init(args.backend)
+    rank, n, device = init(args.backend, args.timeout)
     dtype, tol = lab_dtype(args.dtype, device)
+    shrink = torch.empty((), dtype=dtype).element_size() / (8 if dtype == torch.float64 else 4)  # emulator -> lab bytes
     if args.batch % n:
         fail(f"--batch {args.batch} does not split over {n} ranks; use a multiple of {n}")
     mesh = init_device_mesh(device.type, (n,), mesh_dim_names=("dp",))
@@ -164,22 +174,22 @@ def main():
     params0 = model.init(np.random.default_rng(0))
     batches = [(torch.tensor(x, device=device), torch.tensor(y, device=device))
                for x, y in synthetic_batches(args.steps, args.batch, S, V, seed=1)]
-    ref, ref_losses = reference(params0, batches, device, dtype)
+    ref, ref_losses = reference(params0, batches, device, reference_dtype(dtype))
     psi = sum(v.size for v in params0.values())
-    say(f"# {n} ranks, backend {dist.get_backend()}, {dtype}; GPT with {psi:,d} parameters, "
-        f"{args.steps} steps of a global batch of {args.batch}; tolerance {tol:g}")
+    say(f"# {n} ranks, {header(device)}, {dtype}; GPT with {psi:,d} parameters, "
+        f"{args.steps} steps of a global batch of {args.batch}; tolerance {tol:g} (relative)")
     say(f"{'variant':>10} {'rank':>4} {'max|dp-ref|':>12} {'params B':>10} {'grads B':>9} {'optim B':>9}"
         f" {'sent B/step':>12} | {'emulator: params':>16} {'grads':>8} {'optim':>8} {'sent':>9}")
 
     def check(name, params):
-        err = max(float((params[k].double() - ref[k].double()).abs().max()) for k in ref)
-        bad = torch.tensor([1.0 if err > tol else 0.0], dtype=torch.float64, device=device)
+        """Every parameter against the single-process run, on every rank; all ranks stop if one is wrong."""
+        wrong = differences(params, ref, tol)
+        bad = torch.tensor([float(bool(wrong))], dtype=torch.float64, device=device)
         dist.all_reduce(bad)
-        if err > tol:
-            fail(f"{name}: parameters differ from the single-process run by {err:.3g} (tolerance {tol:g})")
-        if bad.item():
-            fail(f"{name}: another rank's parameters differ from the single-process run")
-        return err
+        if wrong:
+            fail(f"{name}: parameters differ from the single-process run on rank {rank}: " + "; ".join(wrong[:3]))
+        fail_everywhere(f"{name}: another rank's parameters differ from the single-process run", bad.item() > 0)
+        return max(error(params[k], ref[k]) for k in ref)
 
     for zero_stage, name in NAMES.items():
         if device.type == "cuda":
@@ -187,13 +197,19 @@ def main():
         setup = Setup([n_ for n_, _ in model.layers], layouts(model, params0, n), params0, layer_forward, loss_fn,
                       lambda ts: torch.optim.AdamW(ts, **adamw()), device, dtype, group, Recorder({"dp": group}),
                       MemoryLedger(rank))
-        extra = {"fault": args.self_test_fault} if zero_stage == 1 else {}
+        fault = args.self_test_fault if zero_stage == 1 and rank == 0 else None
+        extra = {"fault": fault == "wrong-gradient"} if zero_stage == 1 else {}
         params, losses = VARIANTS[zero_stage](setup, batches, **extra)
+        if fault == "drop-parameter":
+            params.pop(sorted(params)[0])
+        if fault == "drop-call":
+            setup.rec.calls.pop()
         sync(device)
         err = check(f"hand-written {name}", params)
         mean_loss = torch.tensor(losses, dtype=torch.float64, device=device)
         dist.all_reduce(mean_loss)
-        if not np.allclose(mean_loss.cpu().numpy() / n, ref_losses, rtol=1e-6 if dtype == torch.float64 else 1e-3):
+        if len(losses) != len(ref_losses) or not np.allclose(mean_loss.cpu().numpy() / n, ref_losses,
+                                                              rtol=max(tol, 1e-6)):
             fail(f"hand-written {name}: losses {mean_loss.cpu().numpy() / n} differ from {ref_losses}")
         led, sent = setup.led, setup.rec.sent / len(batches)
         mine = [led.peak_by_kind["params"], led.peak_by_kind["grads"], led.peak_by_kind["optimizer"], sent, err]
@@ -203,9 +219,14 @@ def main():
         dist.all_gather_object(rows, mine)
         setup.rec.save(os.path.join(args.out, f"01_data_parallel.zero{zero_stage}.calls.json"),
                        lab="01_data_parallel", zero_stage=zero_stage, world_size=n, steps=args.steps,
-                       batch=args.batch, dtype=str(dtype).removeprefix("torch."))
+                       batch=args.batch, dtype=dtype_name(dtype))
+        emu_calls = None
         if rank == 0:
-            emu, emu_sent, _ = emulator_run(params0, batches, n, zero_stage, dtype)
+            emu, emu_sent, emu_calls = emulator_run(params0, batches, n, zero_stage, dtype)
+            emu = [{k: int(v * shrink) if k.startswith("peak_") else v for k, v in r.items()} for r in emu]
+            emu_sent = [b * shrink for b in emu_sent]
+            emu_calls = [[Call(c.op, c.group, int(c.nbytes * shrink), c.peer) for c in per_rank]
+                         for per_rank in emu_calls]
             for r, row in enumerate(rows):
                 line = (f"{name:>10} {r:>4} {row[4]:>12.2e} {row[0]:>10,d} {row[1]:>9,d} {row[2]:>9,d}"
                         f" {row[3]:>12,.0f} | {emu[r]['peak_params']:>16,d} {emu[r]['peak_grads']:>8,d}"
@@ -216,10 +237,13 @@ def main():
                 if tuple(row[:3]) != (emu[r]["peak_params"], emu[r]["peak_grads"], emu[r]["peak_optimizer"]) \
                         or abs(row[3] - emu_sent[r]) > 1:
                     fail(f"hand-written {name}, rank {r}: bytes held or sent differ from the emulator's prediction")
-        dist.barrier()
+        say(expect_same_calls_rank0(f"{name:>10}", setup.rec, emu_calls))
     say(f"{'torch DDP':>10} {check('torch DDP', torch_ddp(params0, batches, device, dtype, rank, n)):>12.2e}")
-    fsdp = torch_fsdp2(params0, batches, device, dtype, rank, n, mesh)
-    say(f"{'FSDP2':>10} {check('FSDP2 fully_shard', fsdp):>12.2e}")
+    if device.type == "cpu" and TORCH_VERSION < (2, 5):
+        say(f"{'FSDP2':>10} not run: torch {torch.__version__}'s fully_shard makes CUDA streams, so it needs GPUs")
+    else:
+        fsdp = torch_fsdp2(params0, batches, device, dtype, rank, n, mesh)
+        say(f"{'FSDP2':>10} {check('FSDP2 fully_shard', fsdp):>12.2e}")
     say("OK: every variant matches the single-process run; hand-written memory and traffic match the emulator; "
         f"calls written to {args.out}")
     finish()

@@ -3,7 +3,10 @@ the dense block and PyTorch's DTensor.
 
     torchrun --standalone --nproc-per-node N gpu_labs/02_tensor_parallel.py
 
-N ranks form a one-axis device mesh (``tp``). A transformer block (the parameters of
+N ranks form a device mesh: ``tp`` ranks inside a node (``--tp``, default: every rank of
+the node, up to the 8 heads), and ``dp = N / tp`` copies of that across nodes, each
+taking its share of the batch, their gradients summed over ``dp``. So a 2 x 8 SLURM job
+runs TP 8 inside each node and DP 2 across. A transformer block (the parameters of
 ``emulator.nn.TransformerBlock``) runs three ways:
 
 * by hand (``gpu_labs/torch_parallel/tensor_parallel.py``): q/k/v and fc1 column-parallel,
@@ -15,12 +18,15 @@ N ranks form a one-axis device mesh (``tp``). A transformer block (the parameter
 * densely on every rank, the reference.
 
 Outputs, input gradients and every parameter gradient must agree with the dense block
-(exits non-zero naming the variant and rank otherwise). The hand-written variants' calls
-go to ``--out``/02_tensor_parallel.<tp|sp>.calls.json, in the format of ``emulator.records.calls``;
-a test checks they are the calls ``emulator.parallel.tp_block`` makes. Last, the time of a
-layer's four TP all-reduces at a realistic size (bf16, b=1, s=4096, h=8192 on GPUs) beside
-the emulator's prediction. NCCL on GPUs, gloo on the CPU (``--backend`` overrides); N must
-divide 8.
+(exits non-zero naming the variant and rank otherwise; a missing gradient fails). The
+hand-written variants' calls go to ``--out``/02_tensor_parallel.<tp|sp>.calls.json, in the
+format of ``emulator.records.calls``, and must be the calls ``emulator.parallel.tp_block``
+makes on the same mesh; DTensor's calls are recorded at the dispatcher and must be the
+same all-reduces, except that DTensor all-reduces each column-parallel layer's input
+gradient apart (q, k and v: three calls where Megatron sums and makes one). Last, the
+time of a layer's four TP all-reduces at a realistic size (bf16, b=1, s=4096, h=8192 on
+GPUs) beside the emulator's prediction. NCCL on GPUs, gloo on the CPU (``--backend``
+overrides); ``--dtype bfloat16`` runs the blocks in bf16.
 """
 
 import os
@@ -32,16 +38,19 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
-from common import add_dtype_option, base_parser, fail, finish, init, lab_dtype, say, timed
+from checks import expect_match, expect_same_calls, gather_calls
+from common import (add_dtype_option, base_parser, dtype_name, fail, finish, header, init, lab_dtype, reference_dtype,
+                    say, timed)
 from torch_parallel.tensor_parallel import TPBlock
-from trace import Recorder
+from trace import Recorder, Recording
 
-from emulator import Topology, nn
+from emulator import Topology, World, nn
 from emulator.cost import collective_time
 from emulator.nn import torch_reference as R
 from emulator.parallel.tp_block import TensorParallelBlock
+from emulator.records.calls import Call
 
-D, A, FF, B, S = 64, 8, 256, 2, 16
+D, A, FF, B_PER_DP, S = 64, 8, 256, 2, 16
 
 
 def parse():
@@ -49,7 +58,21 @@ def parse():
     add_dtype_option(ap)
     ap.add_argument("--iters", type=int, default=10, help="timed all-reduces")
     ap.add_argument("--gpus-per-node", type=int, default=8, help="topology for the model's prediction")
+    ap.add_argument("--tp", type=int, default=0, help="ranks per tensor-parallel group (default: the ranks of a "
+                                                      "node, at most 8); the rest of the world is data parallel")
+    ap.add_argument("--self-test-fault", choices=["drop-gradient", "wrong-output", "drop-call"],
+                    help="damage the hand-written TP block's result on the last rank, to prove a check catches it")
     return ap.parse_args()
+
+
+def mesh_shape(n, tp, local_ranks):
+    """(dp, tp) for ``n`` ranks: ``tp`` as asked, else the node's ranks (at most 8, the
+    heads); it must divide both n and the 8 heads."""
+    tp = tp or min(local_ranks, A)
+    if A % tp or n % tp:
+        fail(f"{n} ranks with --tp {tp}: TP must divide the block's {A} heads and the {n} ranks; "
+             f"pass --tp with one of {[t for t in (1, 2, 4, 8) if n % t == 0]}")
+    return n // tp, tp
 
 
 def shard_of(params, rank, n, sp=False):
@@ -109,12 +132,18 @@ class DenseBlock(torch.nn.Module):
         for key, lin in [(f"attn.{n}", getattr(self.attn, n)) for n in "qkvo"] + [("mlp.fc1", self.mlp.fc1),
                                                                                  ("mlp.fc2", self.mlp.fc2)]:
             out[f"{key}.w"], out[f"{key}.b"] = lin.weight.grad, lin.bias.grad
-        out = {k: full(v) for k, v in out.items()}
-        return {k: v.T if k.endswith(".w") and not k.startswith("ln") else v for k, v in out.items()}
+        out = {k: None if v is None else full(v).contiguous() for k, v in out.items()}
+        return {k: v.T.contiguous() if v is not None and k.endswith(".w") and not k.startswith("ln") else v
+                for k, v in out.items()}
 
 
-def dtensor_run(params, x, dy, mesh, sp, device, dtype):
-    from torch.distributed.tensor import DTensor, Replicate, Shard
+def dtensor_run(params, x, dy, mesh, sp, device, dtype, dp_group, recording):
+    """DTensor's block on this replica's batch; ``recording`` watches its forward and
+    backward (not the set-up, nor the gathering of gradients for the check)."""
+    try:
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+    except ImportError:  # torch 2.4 keeps DTensor in a private module
+        from torch.distributed._tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                    SequenceParallel, parallelize_module)
 
@@ -132,66 +161,146 @@ def dtensor_run(params, x, dy, mesh, sp, device, dtype):
     sl = slice(r * S // n, (r + 1) * S // n) if sp else slice(None)
     xin = x[:, sl].clone().requires_grad_(True)
     inp = DTensor.from_local(xin, mesh, [Shard(1)]) if sp else xin
-    y = block(inp)
-    y_local = y.to_local() if sp else y
-    (y_local * dy[:, sl]).sum().backward()
-    return y_local.detach(), xin.grad, block.grads()
+    with recording:
+        y = block(inp)
+        y_local = y.to_local() if sp else y
+        (y_local * dy[:, sl]).sum().backward()
+    grads = block.grads()
+    for g in grads.values():  # the data-parallel sum over the other replicas' batches
+        if g is not None:
+            torch.distributed.all_reduce(g, group=dp_group)
+    return y_local.detach(), xin.grad, grads
+
+
+def emulator_calls(dp, tp, sp, np_dtype, item):
+    """The calls of ``emulator.parallel.tp_block`` on the same (dp, tp) mesh and shapes."""
+    params = {k: v.astype(np_dtype) for k, v in nn.TransformerBlock(D, A, FF, dtype=np.float64).init(
+        np.random.default_rng(0)).items()}
+    x = np.zeros((B_PER_DP, S, D), np_dtype)
+
+    def prog(comm):
+        tb = TensorParallelBlock(comm.group("tp"), D, A, FF, sequence_parallel=sp, act_dtype=np_dtype)
+        p = tb.shard(params)
+        y, cache = tb.forward(p, x[:, :S // tp] if sp else x)
+        tb.backward(p, cache, np.ones_like(y))
+
+    world = World(mesh={"dp": dp, "tp": tp})
+    world.run(prog)
+    scale = item / np.dtype(np_dtype).itemsize
+    return [[Call(c.op, c.group, int(c.nbytes * scale), c.peer) for c in per_rank] for per_rank in world.calls]
+
+
+def dtensor_expected(n, tp, sp, item):
+    """The calls DTensor makes for the lab's plan, per rank (a forward and a backward):
+
+    * TP: the two row-parallel outputs all-reduced in forward (as Megatron's g); in
+      backward the input gradient of each column-parallel layer all-reduced on its own
+      (q, k, v and fc1: four calls where the hand-written block, summing q, k and v first,
+      makes two).
+    * SP: in forward an all-gather of the sequence before each column-parallel pair and a
+      reduce-scatter after each row-parallel layer; in backward the same two pairs the
+      other way. The norms' gradients stay pending sums (``Partial``) until they are read,
+      which all-reduces each of them apart (outside the step watched here; the
+      hand-written block makes one call for all six in its step). DTensor keeps the
+      gathered input for the weight gradients, where the hand-written block (as
+      Megatron) gathers it again in backward: memory for bytes."""
+    act = B_PER_DP * S * D * item
+    if tp == 1:  # a group of one: nothing to send
+        return [[] for _ in range(n)]
+    if not sp:
+        calls = [Call("all_reduce", "tp", act)] * 6
+    else:
+        calls = [Call("all_gather", "tp", act // tp), Call("reduce_scatter", "tp", act)] * 4
+    return [list(calls) for _ in range(n)]
+
+
+def as_sets(calls):
+    key = lambda c: (c.op, c.group, c.nbytes, -1 if c.peer is None else c.peer)  # noqa: E731
+    return [sorted(per_rank, key=key) for per_rank in calls]
 
 
 def main():
     args = parse()
-    rank, n, device = init(args.backend)
-    if 8 % n:
-        fail(f"{n} ranks: the lab's block (8 heads, sequence 16) needs a number of ranks that divides 8")
+    rank, n, device = init(args.backend, args.timeout)
+    dp, tp = mesh_shape(n, args.tp, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     dtype, tol = lab_dtype(args.dtype, device)
-    mesh = init_device_mesh(device.type, (n,), mesh_dim_names=("tp",))
-    group = mesh.get_group("tp")
+    ref_dtype = reference_dtype(dtype)
+    item = torch.empty((), dtype=dtype).element_size()
+    np_dtype = np.float64 if dtype == torch.float64 else np.float32
+    mesh = init_device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    group, dp_group = mesh.get_group("tp"), mesh.get_group("dp")
+    tp_rank, dp_rank = dist.get_rank(group), dist.get_rank(dp_group)
+    B = B_PER_DP * dp
     params = nn.TransformerBlock(D, A, FF, dtype=np.float64).init(np.random.default_rng(0))
-    x = torch.tensor(np.random.default_rng(1).standard_normal((B, S, D)), device=device, dtype=dtype)
-    dy = torch.tensor(np.random.default_rng(2).standard_normal((B, S, D)), device=device, dtype=dtype)
-    p = {k: torch.tensor(v, device=device, dtype=dtype, requires_grad=True) for k, v in params.items()}
+    x = torch.tensor(np.random.default_rng(1).standard_normal((B, S, D)), device=device, dtype=ref_dtype)
+    dy = torch.tensor(np.random.default_rng(2).standard_normal((B, S, D)), device=device, dtype=ref_dtype)
+    p = {k: torch.tensor(v, device=device, dtype=ref_dtype, requires_grad=True) for k, v in params.items()}
     xr = x.clone().requires_grad_(True)
     y_ref = R.block(p, xr, n_heads=A)
     (y_ref * dy).sum().backward()
-    g_ref = {k: v.grad.cpu().numpy() for k, v in p.items()}
-    say(f"# {n} ranks, backend {dist.get_backend()}, {dtype}; block d={D}, heads={A}, d_ff={FF}, b={B}, s={S}; "
-        f"tolerance {tol:g}")
+    g_ref = {k: v.grad.detach() for k, v in p.items()}
+    rows = slice(dp_rank * B_PER_DP, (dp_rank + 1) * B_PER_DP)  # this replica's share of the batch
+    xb, dyb = x[rows].to(dtype), dy[rows].to(dtype)
+    say(f"# {n} ranks as dp {dp} x tp {tp}, {header(device)}, {dtype}; block d={D}, heads={A}, d_ff={FF}, "
+        f"b={B_PER_DP} per replica, s={S}; tolerance {tol:g} (relative)")
 
-    def check(name, y, dx, grads, sl):
-        errs = {"output": float((y - y_ref[:, sl]).abs().max()), "input gradient": float((dx - xr.grad[:, sl]).abs().max())}
-        want = shard_of(g_ref, rank, n) if name != "DTensor" and not name.startswith("DTensor") else g_ref
-        for k, v in want.items():
-            errs[f"grad {k}"] = float(np.abs(grads[k].detach().cpu().numpy() - v).max())
-        worst = max(errs, key=errs.get)
-        if errs[worst] > tol:
-            fail(f"{name}: the {worst} differs from the dense block by {errs[worst]:.3g} (tolerance {tol:g})")
-        say(f"{name:>22s}: output, input gradient and {len(want)} parameter gradients match (max error "
-            f"{max(errs.values()):.1e})")
+    def check(name, y, dx, grads, sl, sharded):
+        want = {"output": y_ref[rows, sl], "input gradient": xr.grad[rows, sl]}
+        cut = shard_of({k: v.cpu().double().numpy() for k, v in g_ref.items()}, tp_rank, tp) if sharded else g_ref
+        want.update({f"grad {k}": v for k, v in cut.items()})
+        got = {"output": y, "input gradient": dx}
+        got.update({f"grad {k}": grads.get(k) for k in grads})
+        err = expect_match(name, got, want, tol, rank)
+        say(f"{name:>26s}: output, input gradient and {len(cut)} parameter gradients match (max error {err:.1e})")
 
+    def sum_over_dp(grads):
+        for g in grads.values():
+            if g is not None:
+                dist.all_reduce(g, group=dp_group)  # the data-parallel sum, outside the TP algorithm's trace
+        return grads
+
+    hand = {}
     for sp in (False, True):
-        rec = Recorder({"tp": group})
-        shard = {k: torch.tensor(v, device=device, dtype=dtype) for k, v in shard_of(params, rank, n, sp).items()}
-        block = TPBlock(shard, A, rec, group, n, sequence_parallel=sp)
-        sl = slice(rank * S // n, (rank + 1) * S // n) if sp else slice(None)
-        xin = x[:, sl].clone().requires_grad_(True)
+        rec = Recorder({"tp": group})  # the dp sum below is the harness, not the algorithm
+        shard = {k: torch.tensor(v, device=device, dtype=dtype) for k, v in shard_of(params, tp_rank, tp, sp).items()}
+        block = TPBlock(shard, A, rec, group, tp, sequence_parallel=sp)
+        sl = slice(tp_rank * S // tp, (tp_rank + 1) * S // tp) if sp else slice(None)
+        xin = xb[:, sl].clone().requires_grad_(True)
         y = block(xin)
-        y.backward(dy[:, sl])
+        y.backward(dyb[:, sl])
         block.sync_sequence_parallel_grads()
-        check("by hand" + (", SP" if sp else ""), y.detach(), xin.grad,
-              {k: block.w(k).grad for k in shard}, sl)
+        grads = sum_over_dp({k: None if block.w(k).grad is None else block.w(k).grad.clone() for k in shard})
+        if rank == n - 1 and args.self_test_fault == "drop-gradient":
+            grads["mlp.fc1.w"] = None
+        if rank == n - 1 and args.self_test_fault == "wrong-output":
+            y = y + 1.0
+        if rank == n - 1 and args.self_test_fault == "drop-call":
+            rec.calls.pop()
+        name = "by hand" + (", SP" if sp else "")
+        check(name, y.detach(), xin.grad, grads, sl, sharded=True)
+        hand[sp] = gather_calls(rec)
+        say(expect_same_calls(f"{name:>26s}", hand[sp], emulator_calls(dp, tp, sp, np_dtype, item)))
         rec.save(os.path.join(args.out, f"02_tensor_parallel.{'sp' if sp else 'tp'}.calls.json"),
-                 lab="02_tensor_parallel", sequence_parallel=sp, world_size=n, dtype=str(dtype).removeprefix("torch."))
+                 lab="02_tensor_parallel", sequence_parallel=sp, world_size=n, dp=dp, tp=tp,
+                 dtype=dtype_name(dtype))
     for sp in (False, True):
-        sl = slice(rank * S // n, (rank + 1) * S // n) if sp else slice(None)
-        y, dx, grads = dtensor_run(params, x, dy, mesh, sp, device, dtype)
-        check("DTensor" + (", SequenceParallel" if sp else ""), y, dx, grads, sl)
+        sl = slice(tp_rank * S // tp, (tp_rank + 1) * S // tp) if sp else slice(None)
+        rec = Recording({"tp": group})
+        y, dx, grads = dtensor_run(params, xb, dyb, mesh["tp"], sp, device, dtype, dp_group, rec)
+        name = "DTensor" + (", SequenceParallel" if sp else "")
+        check(name, y, dx, grads, sl, sharded=False)
+        mine, hand_bytes = as_sets(gather_calls(rec)), sum(c.nbytes for c in hand[sp][0])
+        line = expect_same_calls(f"{name:>26s}", mine, as_sets(dtensor_expected(n, tp, sp, item)),
+                                 "each rank's as a set", ("DTensor", "plan"))
+        say(f"{line} ({sum(c.nbytes for c in mine[0])} B passed in by rank 0; the hand-written block {hand_bytes} B)")
     # the TP all-reduces of one layer, timed, beside the model
     b, s, h = (1, 4096, 8192) if device.type == "cuda" else (1, 256, 512)
     act = torch.zeros(b * s * h, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32, device=device)
-    t = timed(lambda: dist.all_reduce(act, group=group), device, args.iters)
-    model = collective_time("all_reduce", act.numel() * act.element_size(), n, Topology(gpus_per_node=args.gpus_per_node))
-    say(f"TP all-reduce of {act.numel() * act.element_size() / 1e6:.1f} MB (b={b}, s={s}, h={h}): {t * 1e6:.1f} us; "
-        f"four per layer {4 * t * 1e3:.3f} ms | emulator's model {4 * model * 1e3:.3f} ms")
+    t = timed(lambda: dist.all_reduce(act, group=group), device, args.iters, group=group)
+    model = collective_time("all_reduce", act.numel() * act.element_size(), tp,
+                            Topology(gpus_per_node=args.gpus_per_node))
+    say(f"TP all-reduce of {act.numel() * act.element_size() / 1e6:.1f} MB over {tp} ranks (b={b}, s={s}, h={h}): "
+        f"{t * 1e6:.1f} us; four per layer {4 * t * 1e3:.3f} ms | emulator's model {4 * model * 1e3:.3f} ms")
     say("OK: the hand-written TP and SP blocks and DTensor's match the dense block; calls written to " + args.out)
     finish()
 

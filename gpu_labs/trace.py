@@ -1,22 +1,32 @@
 """The calls a lab makes on ``torch.distributed``, recorded as the emulator records them.
 
-A lab calls collectives and point-to-point operations through a :class:`Recorder`, which
-forwards them to ``torch.distributed`` and keeps, per call, ``Call(op, group, nbytes,
-peer)`` (:mod:`emulator.records.calls`): torch's op name, the group's mesh axis name (or
-``"world"``), the bytes of the tensor passed in, and the global peer rank of a
-point-to-point call. ``save`` gathers every rank's list and writes one JSON file, which a
-test compares with the emulator running the lesson's algorithm.
+Two ways to record, one format (``Call(op, group, nbytes, peer)`` of
+:mod:`emulator.records.calls`: torch's op name, the group's mesh axis name or
+``"world"``, the bytes of the tensor passed in, the global peer rank of a point-to-point
+call):
 
-It also counts the bytes each rank sends with a ring algorithm (the collective's size
-times nccl-tests' bus factor, :data:`emulator.cost.BUS_FACTOR`), for the lab's table.
+* :class:`Recorder`: the hand-written pieces call collectives and point-to-point
+  operations through it; it forwards them to ``torch.distributed`` and keeps each call.
+* :class:`Recording`: a context manager for code that is not ours (DTensor,
+  ``torch.distributed.pipelining``). It watches the dispatcher, where every collective of
+  ``torch.distributed`` (``c10d`` ops) and of DTensor (functional collectives) passes, and
+  records what goes by.
+
+``save`` gathers every rank's list and writes one JSON file, which a test compares with
+the emulator running the lesson's algorithm. The Recorder also counts the bytes each
+rank sends with a ring algorithm (the collective's size times nccl-tests' bus factor,
+:data:`emulator.cost.BUS_FACTOR`), for the lab's table.
 """
 
 import os
 
+import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from emulator.records.calls import Call, save
+from common import all_gather_into_tensor, reduce_scatter_tensor
 from emulator.cost import BUS_FACTOR
+from emulator.records.calls import Call, save
 
 
 def _nbytes(t):
@@ -50,13 +60,13 @@ class Recorder:
     def reduce_scatter(self, out, t, group=None, async_op=False):
         """``out`` gets this rank's slice of the sum of every rank's ``t``."""
         self._record("reduce_scatter", t, group)
-        return dist.reduce_scatter_single(out, t, group=group, async_op=async_op)
+        return reduce_scatter_tensor(out, t, group=group, async_op=async_op)
 
     def all_gather(self, out, t, group=None, async_op=False):
         """``out`` gets every rank's ``t``, concatenated in rank order (nccl-tests' size:
         the gathered ``out``)."""
         self._record("all_gather", t, group, size_bytes=_nbytes(out))
-        return dist.all_gather_single(out, t, group=group, async_op=async_op)
+        return all_gather_into_tensor(out, t, group=group, async_op=async_op)
 
     def all_to_all_single(self, out, t, output_split_sizes=None, input_split_sizes=None, group=None,
                           async_op=False):
@@ -84,3 +94,43 @@ class Recorder:
             return None
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         return save(path, [[Call(*c) for c in per_rank] for per_rank in every], **meta)
+
+
+# c10d ops (what torch.distributed's functions dispatch) and functional collectives (what
+# DTensor dispatches): torch's op name, and where the tensor passed in sits in the args.
+_C10D = {"allreduce_": "all_reduce", "_allgather_base_": "all_gather", "_reduce_scatter_base_": "reduce_scatter",
+         "alltoall_base_": "all_to_all_single", "broadcast_": "broadcast", "send": "send", "recv_": "recv"}
+_FUNCTIONAL = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
+               "reduce_scatter_tensor": "reduce_scatter", "all_to_all_single": "all_to_all_single"}
+
+
+class Recording(TorchDispatchMode):
+    """``with Recording(groups) as rec:`` records, in ``rec.calls``, every collective and
+    point-to-point call made inside the block, whoever makes it (DTensor's redistributions,
+    torch's pipeline schedules), in backward too. ``groups`` maps mesh axis names to
+    process groups, as for :class:`Recorder`."""
+
+    def __init__(self, groups=None):
+        super().__init__()
+        self.calls = []
+        self._axes = {tuple(dist.get_process_group_ranks(g)): name for name, g in (groups or {}).items()}
+        self._world = tuple(range(dist.get_world_size()))
+
+    def _name(self, pg):
+        ranks = tuple(dist.get_process_group_ranks(pg))
+        return self._axes.get(ranks, "world" if ranks == self._world else str(sorted(ranks)))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        namespace, op = func.namespace, func._schema.name.split("::")[-1]
+        if namespace == "c10d" and op in _C10D:
+            pg = dist.ProcessGroup.unbox(next(a for a in args if isinstance(a, torch.ScriptObject)))
+            if op in ("_allgather_base_", "_reduce_scatter_base_", "alltoall_base_"):
+                t = args[1]  # (output, input, ...)
+            else:
+                t = args[0][0]  # a list of tensors first
+            peer = dist.get_global_rank(pg, args[2]) if op in ("send", "recv_") else None
+            self.calls.append(Call(_C10D[op], self._name(pg), _nbytes(t), peer))
+        elif namespace == "_c10d_functional" and op in _FUNCTIONAL:
+            pg = dist.distributed_c10d._resolve_process_group([a for a in args if isinstance(a, str)][-1])  # the group name comes last
+            self.calls.append(Call(_FUNCTIONAL[op], self._name(pg), _nbytes(args[0])))
+        return func(*args, **(kwargs or {}))

@@ -1,5 +1,7 @@
-"""Every GPU lab runs on the CPU with gloo, with 2 and 4 processes, in float64 and float32,
-catches faults, and issues the same calls as the lesson's algorithm on the emulator."""
+"""Every GPU lab runs on the CPU with gloo, with 1, 2 and 4 processes, in float64, float32
+and bfloat16, on one-axis and two-axis meshes; fails, with a message, when a piece of its
+result or of its trace is wrong or missing; and issues the same calls as the lesson's
+algorithm on the emulator."""
 
 import os
 import subprocess
@@ -47,11 +49,49 @@ def test_collectives_lab(n, tmp_path):
     same_calls(tmp_path / "00_collectives.calls.json", world)
 
 
-def test_collectives_lab_fails_loudly_on_a_wrong_result(tmp_path):
-    out = torchrun(2, "00_collectives.py", "--sizes", "1e3", "--iters", "1", "--self-test-fault", "--out",
-                   str(tmp_path))
-    assert out.returncode != 0
-    assert "FAILED on rank 1: ring all-reduce from point-to-point calls differs from dist.all_reduce" in out.stderr
+# (lab, fault, the start of the message): for every lab a wrong value, a missing piece of the
+# result (an output, a gradient, a parameter) and a missing call must each end the run
+FAULTS = [
+    ("00_collectives.py", "wrong-value", "ring all-reduce from point-to-point calls, against dist.all_reduce, on "
+                                         "rank 1: result differs by"),
+    ("00_collectives.py", "drop-output", "ring all-reduce from point-to-point calls, against dist.all_reduce, on "
+                                         "rank 1: result has shape"),
+    ("00_collectives.py", "drop-call", "the ring all-reduce: the calls differ from the emulator's: rank 1: emulator "
+                                       "made 1 more calls"),
+    ("01_data_parallel.py", "wrong-gradient", "hand-written ZeRO-1: parameters differ from the single-process run "
+                                              "on rank 0"),
+    ("01_data_parallel.py", "drop-parameter", "hand-written ZeRO-1: parameters differ from the single-process run "
+                                              "on rank 0: blocks.0.attn.k.b is missing"),
+    ("01_data_parallel.py", "drop-call", "ZeRO-1: the calls differ from the emulator's: rank 0"),
+    ("02_tensor_parallel.py", "drop-gradient", "by hand on rank 1: grad mlp.fc1.w is None"),
+    ("02_tensor_parallel.py", "wrong-output", "by hand on rank 1: output differs by"),
+    ("02_tensor_parallel.py", "drop-call", "by hand: the calls differ from the emulator's: rank 1"),
+    ("03_pipeline.py", "drop-gradient", "1F1B by hand: the gradients on rank 1:"),
+    ("03_pipeline.py", "wrong-gradient", "1F1B by hand: the gradients on rank 1:"),
+    ("03_pipeline.py", "drop-call", "1F1B by hand: the calls differ from the emulator's: rank 1"),
+    ("04_context_parallel.py", "drop-gradient", "ring attention (causal, zigzag), against attention on the whole "
+                                                "sequence, on rank 1: dk is None"),
+    ("04_context_parallel.py", "wrong-output", "ring attention (causal, zigzag), against attention on the whole "
+                                               "sequence, on rank 1: output differs by"),
+    ("04_context_parallel.py", "drop-call", "ring attention, causal, zigzag: the calls differ from the emulator's"),
+    ("05_expert_parallel.py", "drop-gradient", "expert parallel layer, against the dense layer, on rank 1: gradient "
+                                               "of experts.fc1.w is None"),
+    ("05_expert_parallel.py", "wrong-output", "expert parallel layer, against the dense layer, on rank 1: output "
+                                              "differs by"),
+    ("05_expert_parallel.py", "drop-call", "expert parallel: the calls differ from the emulator's: rank 1"),
+]
+FAST = {"00_collectives.py": ["--sizes", "1e3", "--iters", "1"], "01_data_parallel.py": ["--steps", "1"],
+        "03_pipeline.py": ["--steps", "1"]}
+
+
+@pytest.mark.parametrize("lab,fault,message", FAULTS, ids=[f"{l[:2]}-{f}" for l, f, _ in FAULTS])
+def test_lab_fails_when_a_piece_is_wrong_or_missing(lab, fault, message, tmp_path):
+    out = torchrun(2, lab, "--self-test-fault", fault, "--out", str(tmp_path),
+                   *FAST.get(lab, ["--iters", "1"]))
+    assert out.returncode != 0, out.stdout[-2000:]
+    failed = [line for line in out.stderr.splitlines() if line.startswith("FAILED on rank")]
+    assert failed and any(message in line for line in failed), failed or out.stderr[-3000:]
+    assert "OK:" not in out.stdout
 
 
 V, D, H, FF, L, S = 16, 32, 2, 64, 2, 16
@@ -62,7 +102,7 @@ def test_data_parallel_lab(n, dtype, tmp_path):
     out = torchrun(n, "01_data_parallel.py", "--steps", "2", "--dtype", dtype, "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [line.split() for line in out.stdout.splitlines()
-             if line.strip().startswith(("DDP", "ZeRO-", "torch", "FSDP2"))]
+             if line.strip().startswith(("DDP", "ZeRO-", "torch", "FSDP2")) and ": its " not in line]
     per_rank = [l for l in lines if l[0] in ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")]
     assert len(per_rank) == 4 * n and {l[1] for l in per_rank} == {str(r) for r in range(n)}
     assert {l[0] for l in lines} == {"DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "torch", "FSDP2"}
@@ -73,6 +113,8 @@ def test_data_parallel_lab(n, dtype, tmp_path):
     sent = {s: float(rows[s][6].replace(",", "")) for s in ("DDP", "ZeRO-3")}
     assert sent["ZeRO-3"] == pytest.approx(1.5 * sent["DDP"], rel=0.01)
     assert "OK: every variant matches the single-process run" in out.stdout
+    for variant in ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"):  # the lab compared its own calls too
+        assert f"{variant}: its " in out.stdout and "are the emulator's, call for call" in out.stdout
     # one algorithm, two backends: the lab issued exactly the emulator's calls
     np_dtype = np.float64 if dtype == "float64" else np.float32
     model = nn.GPT(V, D, H, FF, L, S, dtype=np_dtype)
@@ -86,9 +128,11 @@ def test_data_parallel_lab(n, dtype, tmp_path):
         same_calls(tmp_path / f"01_data_parallel.zero{zero_stage}.calls.json", world)
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_data_parallel_lab_fails_loudly_on_a_wrong_gradient(dtype, tmp_path):
-    out = torchrun(2, "01_data_parallel.py", "--steps", "1", "--self-test-fault", "--dtype", dtype, "--out",
+@pytest.mark.parametrize("dtype,fault", [("float32", "wrong-gradient"), ("bfloat16", "drop-parameter")])
+def test_data_parallel_lab_fails_loudly_in_lower_precision(dtype, fault, tmp_path):
+    """float32 still sees one wrong gradient element; in bf16, whose tolerance is above
+    what one element's wrong Adam step can move a parameter, a missing parameter."""
+    out = torchrun(2, "01_data_parallel.py", "--steps", "1", "--self-test-fault", fault, "--dtype", dtype, "--out",
                    str(tmp_path))
     assert out.returncode != 0
     assert "hand-written ZeRO-1: parameters differ from the single-process run" in out.stderr
@@ -135,7 +179,8 @@ def test_pipeline_lab(n, dtype, tmp_path):
     out = torchrun(n, "03_pipeline.py", "--dtype", dtype, "--steps", "1", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     for name in ("1F1B by hand", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B"):
-        assert f"{name}: loss and every gradient match one process" in out.stdout, out.stdout
+        assert f"{name}: loss and all " in out.stdout and "gradients match one process" in out.stdout, out.stdout
+        assert f"{name}: its " in out.stdout, out.stdout  # its calls compared with the emulator's
     bubble = next(line for line in out.stdout.splitlines() if line.startswith("bubble of 1F1B by hand"))
     measured, emulated = (float(part.split()[-1].rstrip("%")) for part in bubble.split("|")[:2])
     assert 0 < emulated <= measured < 100
@@ -175,8 +220,8 @@ def test_expert_parallel_lab(n, dtype, tmp_path):
 
     out = torchrun(n, "05_expert_parallel.py", "--dtype", dtype, "--iters", "1", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
-    assert f"expert parallel, {n} ranks: output, input gradient and 5 parameter gradients match" in out.stdout
-    assert "| emulator's model on H100 NVLink" in out.stdout
+    assert f"expert parallel, dp 1 x ep {n}: output, input gradient and 5 parameter gradients match" in out.stdout
+    assert "(median, slowest rank, no expert compute inside) | emulator's model on H100/H200 NVLink" in out.stdout
     np_dtype = np.float64 if dtype == "float64" else np.float32
     moe = nn.MoE(16, 32, 8, 2, dtype=np_dtype)  # the lab's layer and tokens: the same calls, rank by rank
     p = moe.init(np.random.default_rng(0))
@@ -185,10 +230,70 @@ def test_expert_parallel_lab(n, dtype, tmp_path):
     x, dy = (rng.standard_normal((n * 12, 16)).astype(np_dtype) for _ in range(2))
 
     def prog(comm):
-        local = ep.shard_experts(p, n, comm.rank)
-        y, cache = ep.forward(comm, moe, local, np.split(x, n)[comm.rank])
-        ep.backward(comm, moe, local, cache, np.split(dy, n)[comm.rank])
+        g = comm.group("ep")
+        local = ep.shard_experts(p, n, g.rank)
+        y, cache = ep.forward(g, moe, local, np.split(x, n)[comm.rank])
+        ep.backward(g, moe, local, cache, np.split(dy, n)[comm.rank])
 
-    world = World(n)
+    world = World(mesh={"dp": 1, "ep": n})
     world.run(prog)
     same_calls(tmp_path / "05_expert_parallel.calls.json", world)
+
+
+@pytest.mark.parametrize("lab,flag,shape", [("02_tensor_parallel.py", "--tp", "dp 2 x tp 2"),
+                                            ("05_expert_parallel.py", "--ep", "dp 2 x ep 2")])
+def test_two_axis_mesh(lab, flag, shape, tmp_path):
+    """More ranks than one TP/EP group: TP or EP inside the node, DP across (here 2 x 2)."""
+    out = torchrun(4, lab, flag, "2", "--iters", "1", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"# 4 ranks as {shape}" in out.stdout
+    assert "the emulator's, call for call" in out.stdout and "OK:" in out.stdout
+
+
+def test_a_group_size_that_does_not_divide_is_refused(tmp_path):
+    out = torchrun(4, "02_tensor_parallel.py", "--tp", "3", "--iters", "1", "--out", str(tmp_path))
+    assert out.returncode != 0
+    assert "4 ranks with --tp 3: TP must divide the block's 8 heads and the 4 ranks" in out.stderr
+
+
+BF16 = [("01_data_parallel.py", ["--steps", "1"], "OK: every variant matches"),
+        ("02_tensor_parallel.py", ["--iters", "1"], "OK: the hand-written TP and SP blocks"),
+        ("03_pipeline.py", ["--steps", "1"], "OK: 1F1B by hand"),
+        ("04_context_parallel.py", ["--iters", "1"], "OK: ring attention"),
+        ("05_expert_parallel.py", ["--iters", "1"], "OK: the expert-parallel layer")]
+
+
+@pytest.mark.parametrize("lab,flags,ok", BF16, ids=[b[0][:2] for b in BF16])
+def test_bfloat16(lab, flags, ok, tmp_path):
+    out = torchrun(2, lab, "--dtype", "bfloat16", "--out", str(tmp_path), *flags)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "torch.bfloat16" in out.stdout and "tolerance 0.05 (relative" in out.stdout and ok in out.stdout
+
+
+def test_one_rank_says_the_comparisons_are_empty(tmp_path):
+    out = torchrun(1, "04_context_parallel.py", "--iters", "1", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("no calls on either side (1 rank(s)): the comparison of calls is empty") == 4
+    assert "one rank: nothing travels, so there is no overlap to measure" in out.stdout
+    assert "100%" not in out.stdout
+
+
+def test_the_labs_say_which_backend_and_device_ran(tmp_path):
+    out = torchrun(2, "00_collectives.py", "--sizes", "1e3", "--iters", "1", "--out", str(tmp_path))
+    assert "backend gloo (--backend gloo), device CPU" in out.stdout
+    assert "torch's context_parallel: not run: it needs CUDA" in torchrun(
+        2, "04_context_parallel.py", "--iters", "1", "--out", str(tmp_path)).stdout
+
+
+def test_a_stalled_rank_ends_the_run_after_the_timeout(tmp_path):
+    """The labs pass --timeout to init_process_group: the ranks waiting for a rank that
+    never comes give up after it (gloo here; NCCL's watchdog does the same, see
+    gpu_labs/README.md), instead of torch's default 30 minutes (10 for NCCL)."""
+    import time
+
+    start = time.monotonic()
+    out = torchrun(2, "00_collectives.py", "--sizes", "1e3", "--iters", "1", "--timeout", "5",
+                   "--self-test-fault", "stall", "--out", str(tmp_path))
+    assert out.returncode != 0
+    assert "Timed out" in out.stderr or "timed out" in out.stderr, out.stderr[-2000:]
+    assert time.monotonic() - start < 5 * 10, "the run outlived its timeout by far"

@@ -137,3 +137,66 @@ def test_ddp_and_sharded_optimizer_train_like_one_process(n):
     assert results[0][("mlp", 1e-9, "sharded adamw")][3] == 4  # a bucket per parameter
     # emb.weight (tied: once), mid.weight, mid.bias; the frozen projection is skipped
     assert results[0][("tied", None, "sharded adamw")][3] == 3
+
+
+class _Toy(torch.nn.Module):
+    """A model as outside test suites write them: a norm, a frozen parameter, no biases."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(10, 10, bias=False)
+        self.ln = torch.nn.LayerNorm(10)
+        self.fc2 = torch.nn.Linear(10, 50, bias=False)
+        self.fc3 = torch.nn.Linear(50, 5, bias=False)
+        self.no_grad_fixed_param = torch.nn.Parameter(torch.tensor([2.0, 2.0]), requires_grad=False)
+
+    def forward(self, x):
+        return self.fc3(torch.relu(self.fc2(self.ln(torch.relu(self.fc1(x))))))
+
+
+def harness_worker(rank, world_size, port, bucket_size_mb):
+    """One rank, set up and torn down as an outside harness does it (torch.multiprocessing.spawn,
+    its own init_process_group and destroy_process_group), training several models in a row
+    with the DDP class and comparing each with one process."""
+    import copy
+
+    sys.path.insert(0, str(ROOT / "gpu_labs"))
+    import torch.distributed as dist
+    from torch_parallel.ddp import DDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    dist.barrier()
+    torch.manual_seed(rank)  # every rank starts from different weights: DDP must broadcast rank 0's
+    for _ in range(3):
+        base = _Toy()
+        ddp_model, single = DDP(copy.deepcopy(base), bucket_size_mb=bucket_size_mb), copy.deepcopy(base)
+        for p in single.parameters():
+            dist.broadcast(p.data, 0)
+        opt, opt1 = torch.optim.SGD(ddp_model.parameters(), lr=0.1), torch.optim.SGD(single.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(5)
+        for _ in range(4):
+            x, y = torch.randn(20, 10, generator=g), torch.randn(20, 5, generator=g)
+            opt.zero_grad()
+            opt1.zero_grad()
+            torch.nn.functional.mse_loss(ddp_model(x[rank::world_size]), y[rank::world_size]).backward()
+            ddp_model.finish_gradient_synchronization()
+            opt.step()
+            # one process on the whole batch, split the same way (the mean of the ranks' means)
+            sum(torch.nn.functional.mse_loss(single(x[r::world_size]), y[r::world_size])
+                for r in range(world_size)).div(world_size).backward()
+            opt1.step()
+        for (name, a), b in zip(ddp_model.module.named_parameters(), single.parameters()):
+            assert torch.allclose(a, b, atol=1e-6), (rank, name, float((a - b).abs().max()))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("bucket_size_mb", [None, 1e-4])
+def test_ddp_driven_like_an_outside_harness(bucket_size_mb):
+    """Spawned ranks with their own setup and teardown, several models in a row: every
+    process must exit 0 (no rank aborting at exit) with the single-process weights."""
+    import torch.multiprocessing as mp
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(harness_worker, args=(2, free_port(), bucket_size_mb), nprocs=2, join=True)

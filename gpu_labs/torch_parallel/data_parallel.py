@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from common import all_gather_into_tensor
 from emulator.nn.module import sub
 
 
@@ -174,8 +175,8 @@ def zero1(s, batches, fault=False):
             s.led.hold(f"grads:{name}", [t.grad for t in full[name].values()], "grads")
         for name in s.names:
             g = _reduce_scatter_into(s, name, s.flatten(name, {k: t.grad for k, t in full[name].items()}), shards)
-            if fault and s.rank == 0 and name == s.names[-1]:  # flip one gradient: Adam's step flips too
-                g[0] = -g[0] if g[0] != 0 else 1.0
+            if fault and s.rank == 0 and name == s.names[-1]:  # flip one gradient: Adam's step flips too (a
+                g[0] = -g[0] if g[0] != 0 else 1.0  # larger gradient would not do: Adam's first step is lr * sign)
             for t in full[name].values():
                 t.grad = None
             _step_and_gather(s, name, shards, opts, full, step)
@@ -258,7 +259,7 @@ def zero3(s, batches):
     result = {}
     for name in s.names:  # for the check only, outside the recorder
         gathered = torch.empty(s.layouts[name].padded, device=s.device, dtype=s.dtype)
-        torch.distributed.all_gather_single(gathered, shards[name].detach(), group=s.group)
+        all_gather_into_tensor(gathered, shards[name].detach(), group=s.group)
         result.update({f"{name}.{k}": t for k, t in s.unflatten(name, gathered).items()})
     return result, losses
 

@@ -8,8 +8,9 @@
   list of ``Action(kind, microbatch, chunk)`` with kinds F and B) on this rank's chunks: for
   each action it posts the receive of its input together with the sends of the previous
   action in one ``batch_isend_irecv``, waits for the receive, computes, and waits for every
-  send at the end of the step. It records when each action ran, so the bubble can be
-  measured, and every call through a ``trace.Recorder``.
+  send at the end of the step. It records when each action ran on a :class:`Clock` (so
+  the bubble can be measured, without stalling the host between actions), and every call
+  through a ``trace.Recorder``.
 """
 
 import time
@@ -51,9 +52,9 @@ class GPTStage(torch.nn.Module):
         return x
 
     def grads(self):
-        """{"layer.key": gradient} as numpy."""
-        return {k.replace("__", "."): v.grad.detach().cpu().numpy() for k, v in self.weights.items()
-                if v.grad is not None}
+        """{"layer.key": gradient} for every weight of the stage, None where backward
+        produced none (a check must see a missing gradient, not skip it)."""
+        return {k.replace("__", "."): None if v.grad is None else v.grad.detach() for k, v in self.weights.items()}
 
 
 def loss_fn(logits, targets):
@@ -69,17 +70,18 @@ class Executor:
         self.chunks, self.p, self.rank, self.rec = chunks, p, rank, rec
         self.boundary, self.device, self.dtype = boundary, device, dtype
         self.last = p * len(chunks) - 1
-        self.events = []  # (kind, start, end) of each action, seconds since the step began
+        self.events = []  # (kind, start, end) of each action, as Clock marks
 
     def _peer(self, a, towards):
         s = a.chunk * self.p + self.rank + towards
         return s % self.p if 0 <= s <= self.last else None
 
-    def step(self, actions, micro_x, micro_y):
-        """Run this rank's ``actions``; returns the losses of the micro-batches (last stage)."""
+    def step(self, actions, micro_x, micro_y, clock=None):
+        """Run this rank's ``actions``; returns the losses of the micro-batches (last
+        stage), as tensors: reading them would make the host wait for the device."""
         m = len(micro_x)
         pending, sends, saved, losses = [], [], {}, {}
-        clock = _Clock(self.device)
+        clock = clock or Clock(self.device)
         for a in actions:
             s = a.chunk * self.p + self.rank
             src = self._peer(a, -1 if a.kind == "F" else 1)
@@ -95,7 +97,7 @@ class Executor:
                 out = self.chunks[a.chunk](inp)
                 if s == self.last:
                     out = loss_fn(out, micro_y[a.microbatch])
-                    losses[a.microbatch] = out.item()
+                    losses[a.microbatch] = out.detach()
                     out = out / m
                 saved[(a.microbatch, a.chunk)] = (inp, out)
                 result = out.detach() if s != self.last else None
@@ -112,13 +114,13 @@ class Executor:
             sends += self.rec.batch_isend_irecv(pending)
         for w in sends:
             w.wait()
-        self.events = clock.resolve(self.events)
         return losses
 
 
-class _Clock:
-    """Timestamps of actions: wall time on a CPU; CUDA events on a GPU, read after the step
-    (so timing does not synchronise the GPU between actions)."""
+class Clock:
+    """Timestamps of actions: wall time on a CPU; CUDA events on a GPU, read only by
+    :meth:`resolve`, after the step (so timing never synchronises the GPU between
+    actions). The zero is the moment the clock is made."""
 
     def __init__(self, device):
         self.cuda = device.type == "cuda"
@@ -136,6 +138,7 @@ class _Clock:
         return time.perf_counter() - self.zero
 
     def resolve(self, events):
+        """``(kind, start, end)`` marks -> seconds since the zero."""
         if not self.cuda:
             return events
         torch.cuda.synchronize()
