@@ -41,11 +41,11 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
 from checks import expect_match, gather_calls
-from common import add_dtype_option, base_parser, dtype_name, fail, finish, header, init, lab_dtype, say, sync
+from common import Stopwatch, add_dtype_option, base_parser, dtype_name, fail, finish, header, init, lab_dtype, say
 from torch_parallel.mesh import GPT, Stage, fully_shard_layers, tensor_parallel
 from trace import Recording
 
-from emulator import Topology, nn
+from emulator import nn
 from emulator.parallel import ParallelDims, run_on_mesh
 from emulator.records.calls import Call, save
 from emulator.training import synthetic_batches
@@ -98,18 +98,20 @@ def train_2d(params, batches, mesh, dp_rank, dp, device, dtype, groups):
     """FSDP2 on dp, TP + SP on tp: this replica's slice of each batch."""
     model = fully_shard_layers(tensor_parallel(GPT(params, L, H, device, dtype), mesh["tp"]), mesh["dp"])
     opt = torch.optim.AdamW(model.parameters(), **LR)
-    rec = Recording(groups)
+    rec, watch = Recording(groups), Stopwatch(device)
     for step, (x, y) in enumerate(batches):
         b = len(x) // dp
         xs, ys = x[dp_rank * b:(dp_rank + 1) * b], y[dp_rank * b:(dp_rank + 1) * b]
         opt.zero_grad()
+        watch.start()
         if step == len(batches) - 1:
             with rec:
                 loss_fn(model(xs), ys).backward()
         else:
             loss_fn(model(xs), ys).backward()
         opt.step()
-    return model, rec.calls
+        seconds = watch.stop()
+    return model, rec.calls, seconds
 
 
 def train_3d(params, batches, mesh, dp_rank, dp, pp, m, device, dtype, groups):
@@ -141,7 +143,7 @@ def train_3d(params, batches, mesh, dp_rank, dp, pp, m, device, dtype, groups):
     scale = {"scale_grads": False} if "scale_grads" in inspect.signature(cls.__init__).parameters else {}
     schedule = cls(pipe, m, loss_fn=lambda o, t: loss_fn(o, t) / m, **scale)
     opt = torch.optim.AdamW(stage.parameters(), **LR)
-    rec = Recording(groups)
+    rec, watch = Recording(groups), Stopwatch(device)
     for step, (x, y) in enumerate(batches):
         b = len(x) // dp
         xs, ys = x[dp_rank * b:(dp_rank + 1) * b], y[dp_rank * b:(dp_rank + 1) * b]
@@ -155,12 +157,14 @@ def train_3d(params, batches, mesh, dp_rank, dp, pp, m, device, dtype, groups):
             else:
                 schedule.step()
 
+        watch.start()
         if step == len(batches) - 1:
             with rec:
                 run()
         else:
             run()
         opt.step()
+        seconds = watch.stop()
     if stage.first:  # FSDP2 swapped the stage's own parameters for sharded ones: read those
         model.tok, model.pos = stage.tok, stage.pos
     named = {}
@@ -171,7 +175,7 @@ def train_3d(params, batches, mesh, dp_rank, dp, pp, m, device, dtype, groups):
             (layer.startswith("blocks.") and first <= int(layer.split(".")[1]) < last)
         if mine:
             named[k] = v
-    return named, rec.calls
+    return named, rec.calls, seconds
 
 
 def emulator_calls(params, batch, dims):
@@ -256,10 +260,10 @@ def main():
         f"{args.steps} steps; tolerance {tol:g}")
     want, ref_losses = reference(params, batches, device, dtype)
     if pp == 1:
-        model, calls = train_2d(params, batches, mesh, dp_rank, dp, device, dtype, groups)
+        model, calls, seconds = train_2d(params, batches, mesh, dp_rank, dp, device, dtype, groups)
         got = model.named()
     else:
-        got, calls = train_3d(params, batches, mesh, dp_rank, dp, pp, m, device, dtype, groups)
+        got, calls, seconds = train_3d(params, batches, mesh, dp_rank, dp, pp, m, device, dtype, groups)
         want = {k: v for k, v in want.items() if k in got or (args.self_test_fault == "drop-parameter")}
     if rank == n - 1 and args.self_test_fault == "wrong-gradient":
         k = next(k for k in sorted(got) if k.startswith("blocks."))
@@ -297,7 +301,9 @@ def main():
         f"input for the weight gradient where the emulator, as Megatron, gathers it again; the emulator's "
         f"embedding and output layer are split by vocabulary over tp, the lab's whole on every tp rank")
     if device.type == "cuda":
-        planner_line(args, dims, device, dtype)
+        worst = torch.tensor(seconds, dtype=torch.float64, device=device)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        planner_line(args, dims, float(worst))
     if m > 1:
         say(f"dp: FSDP2 under torch's pipeline reduce-scatters each unit once per step (its gradients accumulated "
             f"unsharded over the {m} micro-batches), the emulator's ZeRO-3 every micro-batch (it keeps no full "
@@ -313,12 +319,17 @@ class Recorder:
         self.calls = calls
 
 
-def planner_line(args, dims, device, dtype):
-    """On GPUs: a step's time beside the planner's prediction for the plan."""
+def planner_line(args, dims, seconds):
+    """A step's measured time beside the planner's prediction for the plan on H100 nodes
+    (the course GPT in fp32 here: the planner's ``param_bytes=4, mixed=False``)."""
     from emulator.planner import ModelSpec, cluster_preset, evaluate
 
-    sync(device)
-    say(f"(planner) {evaluate(ModelSpec(L, D, H, FF, V), cluster_preset('h100', nodes=max(1, dims.world_size // args.gpus_per_node), gpus_per_node=min(args.gpus_per_node, dims.world_size)), dims, S, S * B_MICRO * dims.dp * dims.micro_batches, param_bytes=4, mixed=False).step_time * 1e3:.3f} ms predicted for a step of this plan on H100s")
+    g = min(args.gpus_per_node, dims.world_size)
+    cluster = cluster_preset("h100", nodes=max(1, dims.world_size // g), gpus_per_node=g)
+    tokens = S * B_MICRO * dims.dp * dims.micro_batches
+    est = evaluate(ModelSpec(L, D, H, FF, V), cluster, dims, S, tokens, param_bytes=4, mixed=False)
+    say(f"a step took {seconds * 1e3:.3f} ms (slowest rank); the planner predicts {est.step_time * 1e3:.3f} ms for "
+        f"this plan on H100s (a model this small is bound by launch overheads the planner charges once per kernel)")
 
 
 if __name__ == "__main__":

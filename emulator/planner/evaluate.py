@@ -10,7 +10,6 @@ from functools import lru_cache
 
 from ..errors import ConfigError
 from ..parallel.dims import ParallelDims
-from ..parallel.pipeline.actions import place_of
 from ..parallel.pipeline import schedule
 from ..accounting.pipeline import pipeline_bubble
 from .comm import comm_table

@@ -168,9 +168,9 @@ def _moe_mlp(m, s):
         INT * (3 * T * m.top_k + R + 2 * local + 1)
     piece = R // s.ep  # rows per peer
     route = ("k", gemm(T, E, d))
-    F = _gather(s, d * s.comp) + [route, ("a2a", E // s.ep * INT, "ep"), ("a2a", piece * d * s.comp, "ep"),
-                                  ("ke", (gemm(per, f, d, count=w + 1),) * local), ("a2a", piece * d * s.comp, "ep")] + \
-        _reduce(s, d * s.comp)
+    experts_f = ("ke", (gemm(per, f, d, count=w + 1),) * local)
+    F = _gather(s, d * s.comp) + [route, ("a2a", E // s.ep * INT, "ep"), ("a2a", piece * d * s.comp, "ep"), experts_f,
+                                  ("a2a", piece * d * s.comp, "ep")] + _reduce(s, d * s.comp)
     B = _gather(s, d * s.act) + ([("c", "all_reduce", R * s.act, "tp")] if s.tp > 1 else []) + \
         [("a2a", piece * d * s.comp, "ep"), ("ke", (gemm(per, f, d, count=2 * (w + 1)),) * local),
          ("a2a", piece * d * s.act, "ep"), ("k", gemm(T, E, d, count=2))] + _reduce(s, d * s.comp)

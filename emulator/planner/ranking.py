@@ -17,7 +17,7 @@ from math import gcd
 
 from ..parallel.dims import ParallelDims
 from ..parallel.pipeline.actions import stage_of
-from .evaluate import _schedule, evaluate, structural_problems
+from .evaluate import evaluate, structural_problems
 from .layers import rank_layers, split_names
 from .timing import Timer, layer_times
 

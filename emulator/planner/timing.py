@@ -25,7 +25,6 @@ books ports and makes one wait.
 from functools import lru_cache
 
 from ..cost import RING_STEPS, collective_time, p2p_time
-from ..parallel.pipeline.actions import place_of, stage_of
 
 
 class Ranks(tuple):
