@@ -107,35 +107,29 @@ RUNS = [
 ]
 
 
-def settings(run):
-    """The plans tried for ``run``, grouped by schedule: its published axes, one sequence
-    per micro-batch, and each setting the source does not state (the schedule: 1F1B, or
-    interleaved with 2 chunks where the micro-batches divide; ZeRO stage; recomputation,
-    unless stated), in the order a person tries them: least recomputation first (it adds
-    compute), then the lowest ZeRO stage (ZeRO-1/2 leave collectives after the pipeline,
-    ZeRO-3 gathers every layer), the first that fits kept."""
-    base = run.dims
+def settings(base, n_layers):
+    """The plans tried for a published mesh ``base`` (its axes fixed), grouped by
+    schedule: each setting the source does not state (the schedule: 1F1B, or interleaved
+    with 2 chunks where the micro-batches divide; the ZeRO stage unless ``base`` has one;
+    recomputation unless ``base`` has one), in the order a person tries them: least
+    recomputation first (it adds compute), then the lowest ZeRO stage (ZeRO-1/2 leave
+    collectives after the pipeline, ZeRO-3 gathers every layer), the first that fits kept."""
     scheds = [dict(schedule="1f1b", v=1)]
-    if base.pp > 1 and base.micro_batches % base.pp == 0 and 2 * base.pp <= model_preset(run.model).n_layers:
+    if base.pp > 1 and base.micro_batches % base.pp == 0 and 2 * base.pp <= n_layers:
         scheds.append(dict(schedule="interleaved_1f1b", v=2))
     recomputes = [base.recompute] if base.recompute != "none" else ["none", "selective", "full"]
-    return [[base.replace(zero_stage=z, recompute=r, **sc) for r in recomputes for z in (0, 1, 2, 3)]
-            for sc in scheds]
+    stages = [base.zero_stage] if base.zero_stage else [0, 1, 2, 3]
+    return [[base.replace(zero_stage=z, recompute=r, **sc) for r in recomputes for z in stages] for sc in scheds]
 
 
-def predict(run):
-    """(the planner's Estimate of the plan it picks for ``run``, its teraFLOP/s per GPU
-    counted as the source counts them). The pick: per schedule, the first of
-    :func:`settings` that fits in HBM, the faster of those; if none fits, the plan
-    needing the least memory (its estimate says by how much it does not fit)."""
-    model = model_preset(run.model)
-    if model.positions != "learned":
-        model = model.replace(positions="learned", max_seq=run.seq_len)
-    cluster = cluster_preset(run.cluster, nodes=run.gpus // 8)
+def fastest_fitting(model, cluster, base, seq_len, tokens):
+    """The Estimate of the fastest of :func:`settings` that fits in HBM (per schedule the
+    first that fits, then the faster of those); if none fits, the one needing the least
+    memory (its estimate says by how much it does not fit)."""
     picks, smallest = [], None
-    for group in settings(run):
+    for group in settings(base, model.n_layers):
         for dims in group:
-            est = evaluate(model, cluster, dims, run.seq_len, run.batch * run.seq_len)
+            est = evaluate(model, cluster, dims, seq_len, tokens)
             if est.step_time is None:
                 continue
             if est.fits:
@@ -143,5 +137,16 @@ def predict(run):
                 break
             if smallest is None or est.memory_peak < smallest.memory_peak:
                 smallest = est
-    est = max(picks, key=lambda e: e.tokens_per_s_per_gpu) if picks else smallest
+    return max(picks, key=lambda e: e.tokens_per_s_per_gpu) if picks else smallest
+
+
+def predict(run):
+    """(the planner's Estimate of the plan it picks for ``run``: its published axes, the
+    rest by :func:`fastest_fitting`; its teraFLOP/s per GPU counted as the source counts
+    them)."""
+    model = model_preset(run.model)
+    if model.positions != "learned":
+        model = model.replace(positions="learned", max_seq=run.seq_len)
+    cluster = cluster_preset(run.cluster, nodes=run.gpus // 8)
+    est = fastest_fitting(model, cluster, run.dims, run.seq_len, run.batch * run.seq_len)
     return est, step_flops(run, model) / est.step_time / run.gpus / 1e12

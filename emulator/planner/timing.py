@@ -175,17 +175,15 @@ def _ring_loads(ranks, topology):
     return tuple(loads)
 
 
-def _link(a, b, topology):
-    return topology.link(a, b)
-
-
 @lru_cache(maxsize=2048)
 def _all_to_all(piece, ranks, topology):
     """Pairwise exchange: n - 1 steps, each as long as its slowest message
-    (:mod:`emulator.algorithms.all_to_all`)."""
+    (:mod:`emulator.algorithms.all_to_all`). A group's ranks run in order, a node's
+    together, so when the group spans nodes every step has a pair that crosses: every step
+    then takes the NIC's time, else NVLink's."""
     n = len(ranks)
-    return sum(max(_link(ranks[i], ranks[(i + s) % n], topology).time(piece) for i in range(n))
-               for s in range(1, n))
+    crosses = len({r // topology.gpus_per_node for r in ranks}) > 1
+    return (n - 1) * (topology.nic if crosses else topology.nvlink).time(piece)
 
 
 @lru_cache(maxsize=2048)
