@@ -249,3 +249,14 @@ def test_long_pipelines_are_extended_along_a_line_exactly(dims, monkeypatch):
     assert short.stage_memory == whole.stage_memory
     for a, b in zip(short.comm, whole.comm):
         assert a["count"] == b["count"] and a["seconds"] == pytest.approx(b["seconds"], rel=1e-9), (a, b)
+
+
+@pytest.mark.parametrize("n,gpus_per_node,piece", [(4, 8, 4096), (8, 4, 65536), (16, 8, 256), (6, 2, 1000)])
+def test_all_to_all_time_is_the_engines(n, gpus_per_node, piece):
+    from emulator import World
+    from emulator.planner.timing import _all_to_all
+
+    topo = Topology.h100(gpus_per_node=gpus_per_node)
+    world = World(n, topology=topo)
+    world.run(lambda comm: comm.all_to_all([np.zeros(piece // 4, np.float32) for _ in range(n)]))
+    assert _all_to_all(piece, tuple(range(n)), topo) == pytest.approx(max(world.stats().time), rel=1e-9)
