@@ -39,6 +39,7 @@ from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+from nbclient.exceptions import DeadKernelError
 
 from tools import build_notebooks as B
 
@@ -124,8 +125,11 @@ def run_notebook(nb, cell_timeout):
         for index, cell in enumerate(nb.cells):
             try:
                 client.execute_cell(cell, index)
-            except Exception as exc:  # noqa: BLE001 -- a dead kernel: grade what ran
-                return f"the kernel died in the cell that begins `{begins(cell)}` ({type(exc).__name__})"
+            except DeadKernelError:
+                return f"the kernel died in the cell that begins `{begins(cell)}`"
+            except Exception as exc:  # noqa: BLE001 -- the run cannot go on: grade what ran
+                return f"the run stopped in the cell that begins `{begins(cell)}`: {type(exc).__name__}: " \
+                       f"{first_line(exc)}"
     return ""
 
 
