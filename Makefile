@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.model
 	$(PY) -m benchmarks.device
 	$(PY) -m benchmarks.shape_only
+	$(PY) -m benchmarks.planner
 
 # Debian's Chromium for the browser tests (installed only when missing).
 browser-deps:

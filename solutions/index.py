@@ -27,7 +27,7 @@
 # | 03 | [Pipeline parallelism](03_pipeline.ipynb) | the 1F1B schedule as data, the per-rank loop that runs any schedule with `batch_isend_irecv`, the DP+PP gradient average; GPipe, 1F1B, interleaved and zero-bubble (ZB-H1) bubbles and memory measured | schedule explorer | `gpu_labs/03_pipeline.py` |
 # | 04 | [Context parallelism](04_context_parallel.ipynb) | the online softmax on one device, the ring attention forward with its transfers hidden behind compute, the zigzag layout and its causal masks, the ring backward; all-gather K/V and Ulysses measured beside the ring; bf16 vs fp32 running sums | ring attention stepper | `gpu_labs/04_context_parallel.py` |
 # | 05 | [Expert parallelism](05_expert_parallel.ipynb) | top-k routing, the permutation into expert order and back, the expert-parallel forward (count exchange, dispatch, combine) and backward, capacity with dropping; imbalance as time, two-hop all-to-all across nodes, EP vs TP for experts, three published MoE models | routing explorer | `gpu_labs/05_expert_parallel.py` |
-# | 06 | The mesh *(planned)* | DP x TP x PP composed; planner; case studies | mesh planner | |
+# | 06 | [The mesh](06_mesh.ipynb) | a mesh's coordinates and groups; DP4 x TP8 x PP2 on 64 GPUs run against one device; a plan's memory per GPU and bytes per axis, checked on the emulator; ZeRO along dp under TP x PP; the practical order from the plans that break it; the lecture's three claims; a plan chosen and run; the planner beside published runs (Narayanan 2021, Megatron-LM, Llama 3) and case studies | mesh planner, full planner | `gpu_labs/06_mesh.py` |
 # | 07 | [When GPUs fail](07_failures.ipynb) | a dead rank and the watchdog that stops its peers, a straggler found in a timeline; sharded checkpoints (optimizer, data position, RNG, a manifest), synchronous and asynchronous saves on the clock; the block reader that reshards a checkpoint onto another mesh (DP 8 to DP 6, TP 2 to TP 4, ZeRO-3 to ZeRO-1); Young's and Daly's checkpoint interval against Monte Carlo at Llama 3's failure rate | failure and checkpoint explorer | `gpu_labs/07_checkpoint.py` |
 #
 # ## How to work through a lesson
@@ -164,6 +164,12 @@
 # | **capacity factor** | an expert takes at most ceil(c·T·k/E) assignments; the rest are dropped (dropless: no cap) |
 # | **load-balancing loss** | Switch Transformer's E·Σ f_e·P_e, added to the loss so the router spreads tokens evenly |
 # | **micro-batch** | a slice of the batch processed as a unit (pipelines, gradient accumulation) |
+# | **ParallelDims**, **plan** | one description of a run: dp, tp, pp, cp, ep, zero_stage, sequence parallelism, schedule, micro-batches, recomputation |
+# | **placement** | where a parameter lives on the mesh: sharded along a dim over some axes, replicated over the others (DTensor's Shard / Replicate / Partial) |
+# | **expert data parallelism (EDP)** | the ranks that hold the same experts; experts' gradients reduce over them, dense ones over dp x cp |
+# | **MFU, HFU** | model FLOPs (6N plus attention per token, no recomputation) or the FLOPs actually executed, over the step time and the GPUs' peak |
+# | **planner** | `emulator.planner`: a plan's memory, traffic, bubble and step time predicted as the emulator would measure them, and every plan of a cluster ranked |
+# | **shape-only run** | the emulator's programs on arrays without values: the real shapes, bytes, ledgers and timeline, no arithmetic |
 # | **Ψ (psi)** | number of parameters |
 # | **K** | optimizer bytes per parameter (12 for mixed-precision Adam) |
 # | **MTBF** | mean time between failures; a job of N GPUs that fail independently fails N times as often as one |

@@ -109,6 +109,24 @@ def napkin_5_2(rng):
             "hot_share": _pick(rng, [0.1, 0.2, 0.3, 0.5])}
 
 
+def napkin_6_1(rng):
+    return {"n_params": _pick(rng, [13e9, 70e9, 175e9, 405e9]), "dp": _pick(rng, [4, 8, 16, 64, 128]),
+            "tp": _pick(rng, [2, 4, 8]), "pp": _pick(rng, [1, 2, 4, 8, 16])}
+
+
+def napkin_6_2(rng):
+    return {"flops": _pick(rng, [312e12, 989e12]), "bandwidth": _pick(rng, [24e9, 48e9, 96e9, 370e9]),
+            "dp": _pick(rng, [2, 8, 32, 128, 1024]), "grad_bytes": _pick(rng, [2, 4])}
+
+
+def napkin_6_3(rng):
+    positions = _pick(rng, [4096, 8192])
+    tp, pp = _pick(rng, [(8, 16), (8, 8), (4, 8)])
+    cp = _pick(rng, [4, 8, 16])
+    dp = _pick(rng, [4, 8, 16])
+    seq = positions * cp
+    return {"seq": seq, "tokens": seq * dp * _pick(rng, [4, 8, 16]), "positions_per_gpu": positions,
+            "gpus": tp * pp * cp * dp, "tp": tp, "pp": pp}
 def napkin_7_1(rng):
     return {"gpus": _pick(rng, [2048, 4096, 8192, 16384, 32768, 65536]), "timeout_minutes": _pick(rng, [2, 5, 10, 30])}
 
@@ -179,6 +197,18 @@ PROBLEMS = {
                                "(capacity ceil(c T k / E) per expert). One expert receives {hot_share:g} of all "
                                "assignments and the others share the rest evenly. How many assignments are dropped? "
                                "(within one assignment)"),
+    "Napkin 6.1": (napkin_6_1, "A model of {n_params:g} parameters trains with TP {tp} x PP {pp}, ZeRO-1 over DP "
+                               "{dp}, bf16 parameters and gradients and mixed-precision Adam (12 bytes of state per "
+                               "parameter). GB per GPU (1 GB = 1e9 bytes) of parameters and gradients together, and "
+                               "of optimizer state? Answer: [params and grads, optimizer]."),
+    "Napkin 6.2": (napkin_6_2, "GPUs compute {flops:g} FLOP/s; each replica's gradients ({grad_bytes} bytes per "
+                               "parameter) are all-reduced with a ring over {dp} replicas at {bandwidth:g} bytes/s "
+                               "per GPU. With 6 FLOPs per parameter per token, how many tokens per replica per step "
+                               "make the compute last as long as the all-reduce?"),
+    "Napkin 6.3": (napkin_6_3, "A run on {gpus} GPUs with TP {tp} and PP {pp} trains on sequences of {seq} tokens, "
+                               "{tokens} tokens per step; context parallelism leaves each GPU {positions_per_gpu} "
+                               "positions. CP, DP and sequences per data-parallel replica per step? Answer: [cp, dp, "
+                               "sequences] (whole numbers)."),
     "Napkin 7.1": (napkin_7_1, "A rank of a {gpus}-GPU job dies; every other GPU waits in its collective until its "
                                "watchdog fires after {timeout_minutes} minutes. How many GPU-hours are spent waiting?"),
     "Napkin 7.2": (napkin_7_2, "{gpus} GPUs each fail once every {gpu_mtbf_hours} hours on average. The job saves a "
@@ -190,7 +220,8 @@ PROBLEMS = {
 # In the order the lessons pose them (Problem 8.1 in lesson 01, 8.3 and 8.4 in 02, 8.2 in 03).
 PROBLEMS = {k: PROBLEMS[k] for k in ("Napkin 0.1", "Napkin 0.2", "Napkin 0.3", "Problem 8.1", "Problem 8.3",
                                      "Napkin 2.1", "Problem 8.4", "Problem 8.2", "Napkin 3.1", "Napkin 4.2",
-                                     "Napkin 4.1", "Napkin 5.1", "Napkin 5.2", "Napkin 7.1", "Napkin 7.2")}
+                                     "Napkin 4.1", "Napkin 5.1", "Napkin 5.2", "Napkin 6.1", "Napkin 6.2",
+                                     "Napkin 6.3", "Napkin 7.1", "Napkin 7.2")}
 
 
 def variant(student, problem):
@@ -240,6 +271,18 @@ def model_answer(problem, p):
         return moe.all_to_all_bytes_per_layer(**p)
     if problem == "Napkin 5.2":
         return moe.expected_drops(**p)
+    if problem == "Napkin 6.1":
+        from .lesson06 import state_per_gpu
+
+        return list(state_per_gpu(**p))
+    if problem == "Napkin 6.2":
+        from .lesson06 import dp_compute_bound_tokens
+
+        return dp_compute_bound_tokens(**p)
+    if problem == "Napkin 6.3":
+        from .lesson06 import llama_cp_switch
+
+        return list(llama_cp_switch(**p))
     if problem == "Napkin 7.1":
         from .lesson07 import _watchdog_model
 

@@ -12,6 +12,8 @@
   passes dK/dV around the ring), call for call the emulator's.
 * ``expert_parallel.ep_moe``: an expert-parallel MoE layer over ``all_to_all_single``
   (dropless), differentiable, call for call the emulator's.
+* ``mesh``: the course GPT as torch modules on a device mesh: TP + SP with
+  ``parallelize_module``, FSDP2 per block, pipeline stages for ``torch.distributed.pipelining``.
 * ``data_parallel``: the course GPT's DDP and ZeRO-1/2/3 written call for call as
   ``emulator.parallel`` runs them (lab 01 compares the traces).
 """

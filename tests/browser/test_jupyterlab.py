@@ -152,10 +152,24 @@ def drive_failure_explorer(page, shot):
     cell.screenshot(path=str(shot("failure_explorer_async_30min")))
 
 
+def drive_mesh_planner(page, shot):
+    """Push TP past the GPUs of a node: the plan turns red and says why; back to 8, then
+    a deeper pipeline: valid again, with a larger bubble."""
+    cell, summary = start(page, shot, ".mesh-summary", "mesh_planner")
+    assert summary.inner_text().startswith("OK"), summary.inner_text()
+    text = after(summary, lambda: nudge(page, cell, "TP"))
+    assert text.startswith("INVALID") and "passes the 8 GPUs of a node" in text, text
+    cell.screenshot(path=str(shot("mesh_planner_tp16")))
+    after(summary, lambda: nudge(page, cell, "TP", "ArrowLeft"))
+    text = after(summary, lambda: nudge(page, cell, "PP"))
+    assert "not the 64 GPUs" in text, text
+
+
 DRIVERS = {"00_collectives": [drive_ring_stepper], "01_data_parallel": [drive_zero_explorer],
            "02_tensor_parallel": [drive_activation_explorer], "03_pipeline": [drive_schedule_explorer],
            "04_context_parallel": [drive_ring_attention_stepper],
-           "05_expert_parallel": [drive_routing_explorer], "07_failures": [drive_failure_explorer]}
+           "05_expert_parallel": [drive_routing_explorer], "06_mesh": [drive_mesh_planner],
+           "07_failures": [drive_failure_explorer]}
 
 
 @pytest.fixture(scope="module")

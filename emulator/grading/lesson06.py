@@ -1,0 +1,271 @@
+"""Checks for lesson 06 (the mesh and the planner).
+
+Mesh coordinates and groups are compared with :class:`emulator.mesh.Mesh` on many meshes
+and every rank; a plan's memory with the ledger of the emulator running it, stage by
+stage, and its bytes per axis with the run's trace; a chosen plan is run on the emulator
+(it must fit, and be within 15% of the best plan the planner finds); the seed's proofs and
+the napkins are called with other numbers too. While a check runs the student's code, the
+library's own answer (the mesh's arithmetic, the planner) refuses.
+"""
+
+from dataclasses import replace
+
+import numpy as np
+
+from .. import nn
+from ..machine.device import Device
+from ..machine.topology import Topology
+from ..mesh import Mesh
+from ..parallel.dims import ParallelDims
+from ..parallel.runtime import run_on_mesh, shape_only_batches
+from ..planner import Cluster, ModelSpec, evaluate, inventory, search
+from ..planner import memory as planner_memory, ranking, run as planner_run, tradeoff
+from .common import CheckFailed, expect, passed
+from .napkins import variants
+from .refuse import refusing
+
+MESH = (Mesh.coords, Mesh.coord, Mesh.group_ranks, Mesh.groups, Mesh.rank_of, Mesh.layout, ParallelDims.groups_of)
+PLANNER = (evaluate, planner_memory.stage_peaks, planner_memory.Units, planner_run.run_plan)
+SEARCH = (search, ranking.enumerate_plans)
+KINDS = ("params", "grads", "optimizer", "activations", "buffers")
+
+
+# ----------------------------------------------------------------- Exercise 6.1
+def check_mesh_coords(fn):
+    """Exercise 6.1: fn(rank, sizes) -> (coords, groups): ``sizes`` maps axis -> size, outermost first."""
+    what = "Exercise 6.1"
+    meshes = [{"tp": 4}, {"dp": 2, "tp": 4}, {"pp": 2, "dp": 4, "tp": 8}, {"pp": 3, "dp": 2, "cp": 2, "tp": 2},
+              {"dp": 3, "pp": 5}, {"tp": 2, "dp": 3}]
+    for sizes in meshes:
+        mesh = Mesh(sizes)
+        answers = []
+        for rank in range(mesh.size):
+            with refusing(what, *MESH):
+                got = fn(rank, dict(sizes))
+            expect(isinstance(got, tuple) and len(got) == 2, f"{what}: return (coords, groups), two dicts")
+            answers.append(got)
+        for rank, (coords, _) in enumerate(answers):  # every rank's coordinates first: they say the axis order
+            want_c = mesh.coords(rank)
+            expect(dict(coords) == want_c, f"{what}, mesh {sizes}, rank {rank}: coordinates {dict(coords)}, expected "
+                                           f"{want_c}; the last axis is innermost (it changes fastest with the rank)")
+        for rank, (_, groups) in enumerate(answers):
+            for a in sizes:
+                want_g = list(mesh.group_ranks(a, rank))
+                g = [int(x) for x in groups.get(a, [])]
+                expect(g == want_g, f"{what}, mesh {sizes}, rank {rank}: group along {a!r} is {g}, expected "
+                                    f"{want_g} (the ranks that differ from {rank} only in {a}, in order)")
+    passed(what, f"coordinates and groups of every rank of {len(meshes)} meshes (3 and 5 included, 4 axes)")
+
+
+# ----------------------------------------------------------------- Exercise 6.2
+def memory_plans():
+    """(model, dims, seq, batch) whose 1F1B peak comes with every micro-batch in flight."""
+    dense, gqa = ModelSpec(4, 128, 4, 512, 1024), ModelSpec(8, 128, 8, 384, 1024, n_kv_heads=2, mlp="swiglu")
+    return [(dense, ParallelDims(dp=2, tp=2, pp=2, micro_batches=4, zero_stage=1, sequence_parallel=True), 256, 16),
+            (dense, ParallelDims(dp=4, pp=2, micro_batches=4, zero_stage=0), 256, 32),
+            (gqa, ParallelDims(dp=2, pp=4, micro_batches=8, zero_stage=2, recompute="selective"), 256, 32),
+            (gqa, ParallelDims(dp=8, tp=1, zero_stage=1, micro_batches=2), 128, 32)]
+
+
+def _run(model, dims, seq, batch, topology, mixed=True):
+    from ml_dtypes import bfloat16
+
+    gpt = model.to_gpt(seq, dtype=bfloat16 if mixed else np.float32)
+    return run_on_mesh(gpt, None, shape_only_batches(1, batch, seq), dims, nn.AdamW(mixed_precision=mixed),
+                       topology=topology, shape_only=True, fold=())
+
+
+def check_plan_memory(fn):
+    """Exercise 6.2: fn(layers, dims, rank) -> {kind: bytes} of that pipeline rank at its peak."""
+    what = "Exercise 6.2"
+    for model, dims, seq, batch in memory_plans():
+        run = _run(model, dims, seq, batch, Topology.h100(gpus_per_node=4))
+        for r in range(dims.pp):
+            layers = inventory(model, dims, batch, seq, r)
+            with refusing(what, *PLANNER):
+                got = fn(layers, dims, r)
+            led = run.world.memory[r * dims.dp * dims.cp * dims.tp]
+            expect(isinstance(got, dict) and set(KINDS) <= set(got), f"{what}: return a dict with the kinds {KINDS}")
+            for kind in ("params", "optimizer"):
+                want = led.peak_by_kind[kind]
+                expect(abs(got[kind] - want) <= 0.01 * want, f"{what}, {dims}, stage {r}: {kind} {got[kind]:,.0f} "
+                       f"bytes, the ledger holds {want:,.0f}; " + ("ZeRO-1/2/3 keep 12 bytes of Adam's state per "
+                       "element of their 1/n slice" if kind == "optimizer" else "bf16: 2 bytes per element, all of "
+                                                                               "them unless ZeRO-3"))
+            total, want = sum(got[k] for k in KINDS), led.peak
+            expect(abs(total - want) <= 0.01 * want,
+                   f"{what}, {dims}, stage {r}: {total / 1e6:,.2f} MB at the peak, the ledger's peak is "
+                   f"{want / 1e6:,.2f} MB ({(total - want) / want:+.1%}); under 1F1B stage r holds min(p - r, m) "
+                   f"micro-batches when its gradients are all allocated")
+            expect(abs(got["activations"] - led.peak_breakdown["activations"]) <=
+                   0.01 * led.peak_breakdown["activations"] + 1,
+                   f"{what}, {dims}, stage {r}: activations {got['activations']:,.0f}, the ledger's at its peak "
+                   f"{led.peak_breakdown['activations']:,.0f}: count the micro-batches in flight")
+    passed(what, "every stage of 4 plans (DDP, ZeRO-1 and 2, TP with SP, 1F1B over 2 and 4 stages) within 1% of the "
+                 "emulator's ledger, kind by kind")
+
+
+# ----------------------------------------------------------------- Exercise 6.3
+def comm_plans():
+    small = ModelSpec(4, 64, 4, 256, 512)
+    return [(small, ParallelDims(dp=2, tp=2, pp=2, micro_batches=2), 64, 8),
+            (small, ParallelDims(dp=4, pp=2, micro_batches=2, zero_stage=1), 64, 16),
+            (small, ParallelDims(tp=4, pp=2, micro_batches=3), 32, 6),
+            (ModelSpec(2, 48, 3, 96, 96), ParallelDims(dp=3, tp=3), 24, 6)]
+
+
+def check_comm_bytes(fn):
+    """Exercise 6.3: fn(model, dims, seq_len, batch, rank) -> {axis: bytes the representative of
+    pipeline rank ``rank`` sends per step}, axes "tp", "pp", "dp"."""
+    what = "Exercise 6.3"
+    for model, dims, seq, batch in comm_plans():
+        topology = Topology.h100(gpus_per_node=4)
+        run = _run(model, dims, seq, batch, topology, mixed=False)
+        stats = run.world.stats().bytes_sent_by_group
+        for r in range(dims.pp):
+            rep = r * dims.dp * dims.cp * dims.tp
+            want = {"tp": 0, "pp": 0, "dp": 0}
+            for (group, _), sent in stats.items():
+                want["dp" if group == "dp,cp" else group] += sent[rep]
+            with refusing(what, *PLANNER):
+                got = fn(model, dims, seq, batch, r)
+            expect(isinstance(got, dict), f"{what}: return a dict axis -> bytes")
+            for axis in ("tp", "pp", "dp"):
+                g = float(got.get(axis, 0))
+                expect(abs(g - want[axis]) <= 0.001 * max(want[axis], 1),
+                       f"{what}, {dims}, stage {r}: {axis} sends {want[axis]:,} bytes in the trace, you said {g:,.0f}"
+                       + _hint(axis))
+    passed(what, "bytes per axis equal the trace's, every stage of 4 plans (DDP, ZeRO-1, tp = 3, pp x tp x dp)")
+
+
+def _hint(axis):
+    return {"tp": ": per micro-batch, each block all-reduces its (b, s, d) output twice in forward and its input "
+                  "gradient twice in backward; the embedding once, the output layer's input gradient once, and the "
+                  "loss three (b, s) tensors; a ring all-reduce sends 2(t-1)/t of the buffer",
+            "pp": ": per micro-batch, activations to the next stage and gradients to the previous one",
+            "dp": ": the gradients once per step, 2(n-1)/n of their bytes (ZeRO-1 pads each layer to a multiple of "
+                  "n)"}[axis]
+
+
+# ----------------------------------------------------------------- Exercise 6.5
+def small_hbm_cluster(nodes=2, gpus_per_node=4, hbm=1.0e9):
+    """H100 nodes whose GPUs have ``hbm`` bytes: a small model must be split as a big one is."""
+    device = replace(Device.h100(), hbm_bytes=hbm)
+    return Cluster(f"{nodes} nodes of {gpus_per_node} H100 with {hbm / 1e9:g} GB", nodes,
+                   Topology.h100(gpus_per_node=gpus_per_node, device=device))
+
+
+CHOICES = [(ModelSpec(8, 512, 8, 2048, 4096), 512, 32, 0.25e9), (ModelSpec(6, 384, 6, 1536, 3072), 512, 32, 0.15e9)]
+MARGIN = 0.15
+
+
+def check_choose_plan(fn):
+    """Exercise 6.5: fn(model, cluster, seq_len, batch_tokens) -> ParallelDims, run on the
+    emulator: it must fit, and its tokens per second be within 15% of the best plan's."""
+    what = "Exercise 6.5"
+    lines = []
+    for model, seq, batch, hbm in CHOICES:
+        cluster = small_hbm_cluster(hbm=hbm)
+        best = search(model, cluster, seq, batch * seq, top=1)[0][1]
+        with refusing(what, *SEARCH):
+            dims = fn(model, cluster, seq, batch * seq)
+        expect(isinstance(dims, ParallelDims), f"{what}: return a ParallelDims, got {type(dims).__name__}")
+        est = evaluate(model, cluster, dims, seq, batch * seq)
+        hard = [p for p in est.problems if not p.startswith(("slow:", "does not fit"))]
+        expect(not hard, f"{what}: {dims} cannot run here: " + "; ".join(hard))
+        run = _run(model, dims, seq, batch, cluster.topology)
+        peak = max(m.peak for m in run.world.memory)
+        expect(peak <= cluster.hbm_bytes, f"{what}: {dims} needs {peak / 1e9:.2f} GB on its fullest GPU (measured), "
+                                          f"the GPUs have {cluster.hbm_bytes / 1e9:g} GB")
+        rate = batch * seq / run.step_time() / dims.world_size
+        short = 1 - rate / best.tokens_per_s_per_gpu
+        expect(rate >= (1 - MARGIN) * best.tokens_per_s_per_gpu,
+               f"{what}: {dims} runs {rate:,.0f} tokens/s per GPU on the emulator; the best plan found "
+               f"({best.dims}) gives {best.tokens_per_s_per_gpu:,.0f}: you are {short:.0%} below (allowed "
+               f"{MARGIN:.0%})")
+        lines.append(f"{rate:,.0f} tokens/s/GPU ({rate / best.tokens_per_s_per_gpu:.0%} of the best) in "
+                     f"{peak / 1e9:.2f} GB of {cluster.hbm_bytes / 1e9:g}")
+    passed(what, "ran on the emulator: " + "; ".join(lines))
+
+
+# ----------------------------------------------------------------- Exercise 6.4
+def check_mesh_tradeoff(fn):
+    """Exercise 6.4: fn(n_params, gpus, tp, pp, gpus_per_node, global_batch, micro_batch=1)
+    -> {"valid", "state_bytes", "bubble"}."""
+    what = "Exercise 6.4"
+    cases = [(70e9, 64, 8, 2, 8, 512), (70e9, 64, 16, 2, 8, 512), (70e9, 64, 8, 4, 8, 512),
+             (175e9, 1024, 8, 16, 8, 1536), (7e9, 48, 2, 3, 8, 96), (13e9, 24, 4, 3, 4, 60), (30e9, 128, 4, 8, 8, 100),
+             (30e9, 96, 8, 4, 8, 96)]
+    for case in cases:
+        want = tradeoff.mesh_tradeoff(*case)
+        with refusing(what, tradeoff.mesh_tradeoff):
+            got = fn(*case)
+        expect(isinstance(got, dict) and {"valid", "state_bytes", "bubble"} <= set(got),
+               f"{what}: return a dict with 'valid', 'state_bytes' and 'bubble'")
+        args = f"N={case[0]:g}, {case[1]} GPUs, tp={case[2]}, pp={case[3]}, {case[4]} per node, batch {case[5]}"
+        expect(bool(got["valid"]) == want["valid"], f"{what} ({args}): valid should be {want['valid']}: tp must fit "
+                                                    f"in a node, tp x pp divide the GPUs, dp x micro-batch the batch")
+        expect(abs(got["state_bytes"] - want["state_bytes"]) <= 1e-6 * want["state_bytes"],
+               f"{what} ({args}): state {got['state_bytes']:.4g} bytes per GPU, expected {want['state_bytes']:.4g} "
+               f"(16 bytes per parameter over every GPU: DP x TP x PP)")
+        if want["valid"]:
+            expect(got["bubble"] is not None and abs(got["bubble"] - want["bubble"]) < 1e-9,
+                   f"{what} ({args}): bubble {got['bubble']}, expected {want['bubble']:.4f}: (p-1)/(m+p-1) with m "
+                   f"micro-batches per replica")
+    passed(what, f"{len(cases)} meshes: validity, 16N/G per GPU whatever the split, and the bubble")
+
+
+# ----------------------------------------------------------------- napkins
+def state_per_gpu(n_params, dp, tp, pp):
+    """Napkin 6.1's model: GB per GPU of bf16 parameters and gradients (4 bytes per
+    parameter over TP x PP) and of mixed-precision Adam's state under ZeRO-1 (12 bytes per
+    parameter over TP x PP x DP)."""
+    return 4 * n_params / (tp * pp) / 1e9, 12 * n_params / (tp * pp * dp) / 1e9
+
+
+def dp_compute_bound_tokens(flops, bandwidth, dp, grad_bytes):
+    """Napkin 6.2's model: tokens per replica per step for which the compute, 6 N T / (TP
+    PP) FLOPs per GPU, lasts as long as the ring all-reduce of its gradients, 2 (dp-1)/dp
+    grad_bytes N / (TP PP) bytes per GPU: T = grad_bytes (dp-1)/dp flops / (3 bandwidth)."""
+    return grad_bytes * (dp - 1) / dp * flops / (3 * bandwidth)
+
+
+def llama_cp_switch(seq, tokens, positions_per_gpu, gpus, tp, pp):
+    """Napkin 6.3's model: (CP, DP, sequences per replica per step)."""
+    cp = seq // positions_per_gpu
+    dp = gpus // (tp * pp * cp)
+    return cp, dp, tokens // seq // dp
+
+
+def napkin_state(fn):
+    """Napkin 6.1: fn(n_params, dp, tp, pp) -> (params+grads GB, optimizer GB) per GPU under ZeRO-1."""
+    cases = [dict(n_params=70e9, dp=4, tp=8, pp=2), dict(n_params=405e9, dp=128, tp=8, pp=16),
+             dict(n_params=13e9, dp=32, tp=2, pp=1), dict(n_params=1e12, dp=6, tp=8, pp=64)]
+    want = variants("Napkin 6.1", fn, cases, state_per_gpu, " GB", ("params and grads", "optimizer"))
+    passed("Napkin 6.1", f"{want[0]:.2f} GB of parameters and gradients, {want[1]:.2f} GB of optimizer state per GPU")
+
+
+def napkin_dp_tokens(fn):
+    """Napkin 6.2: fn(flops, bandwidth, dp, grad_bytes) -> tokens per replica per step that
+    keep the data axis compute-bound."""
+    cases = [dict(flops=989e12, bandwidth=48e9, dp=64, grad_bytes=2), dict(flops=312e12, bandwidth=24e9, dp=8,
+                                                                            grad_bytes=2),
+             dict(flops=989e12, bandwidth=370e9, dp=2, grad_bytes=4), dict(flops=989e12, bandwidth=48e9, dp=1024,
+                                                                             grad_bytes=2)]
+    want = variants("Napkin 6.2", lambda **kw: (fn(**kw),) if kw else (fn(),), cases,
+                    lambda **kw: (dp_compute_bound_tokens(**kw),), " tokens", ("tokens per replica",), rel=0.02)
+    passed("Napkin 6.2", f"{want[0]:,.0f} tokens per replica per step keep the gradient all-reduce behind compute")
+
+
+def napkin_llama_cp(fn):
+    """Napkin 6.3: fn(seq, tokens, positions_per_gpu, gpus, tp, pp) -> (cp, dp, sequences per replica)."""
+    cases = [dict(seq=131072, tokens=16 * 2**20, positions_per_gpu=8192, gpus=16384, tp=8, pp=16),
+             dict(seq=8192, tokens=16 * 2**20, positions_per_gpu=8192, gpus=16384, tp=8, pp=16),
+             dict(seq=65536, tokens=8 * 2**20, positions_per_gpu=4096, gpus=4096, tp=8, pp=4)]
+    want = variants("Napkin 6.3", fn, cases, llama_cp_switch, "", ("cp", "dp", "sequences per replica"), rel=0)
+    passed("Napkin 6.3", f"at 131k tokens: CP {want[0]}, DP {want[1]}, {want[2]} sequences per replica: each GPU "
+                         f"still holds 8,192 positions")
+
+
+__all__ = ["check_mesh_coords", "check_plan_memory", "check_comm_bytes", "check_choose_plan", "check_mesh_tradeoff",
+           "napkin_state", "napkin_dp_tokens", "napkin_llama_cp", "CheckFailed"]

@@ -1,0 +1,159 @@
+"""A plan's communication, axis by axis: every collective and transfer one rank makes in a
+step (op, bytes per call, calls per step, link, seconds, seconds not hidden behind
+compute), and the data-parallel work left after the pipeline drains.
+
+Axes are named as the runtime's groups: ``tp``, ``cp``, ``pp``, ``ep``, ``dp,cp`` (dense
+gradients reduce over the data- and context-parallel ranks together) and ``edp`` (the
+ranks holding the same experts).
+"""
+
+from ..parallel.pipeline.actions import place_of, stage_of
+from ..records.table import Table
+from .overlap import replay
+
+AXIS_OF = {"dense": "dp,cp", "experts": "edp"}
+
+
+def link_of(ranks, gpus_per_node):
+    nodes = {r // gpus_per_node for r in ranks}
+    if len(nodes) == 1:
+        return "nvlink"
+    return "nic" if len(nodes) == len(ranks) else "nvlink+nic"
+
+
+def _strategy_calls(layer, dims, m, param_bytes, groups):
+    """(axis, op, bytes, calls per step) of the data-parallel strategy for one layer."""
+    out = []
+    for group, elems in layer.params.items():
+        if not elems:
+            continue
+        axis = AXIS_OF[group]
+        n = len(groups[axis])
+        if n == 1:
+            continue
+        full = -(-elems // n) * n * param_bytes
+        z = dims.zero_stage
+        if z == 0:
+            out.append((axis, "all_reduce", elems * param_bytes, 1))
+        if z == 1:
+            out += [(axis, "reduce_scatter", full, 1), (axis, "all_gather", full, 1)]
+        if z == 2:
+            out += [(axis, "reduce_scatter", full, m), (axis, "all_gather", full, 1)]
+        if z == 3:
+            out += [(axis, "all_gather", full, 2 * m), (axis, "reduce_scatter", full, m)]
+    if layer.partial and dims.tp > 1:
+        out.append(("tp", "all_reduce", layer.partial * param_bytes, m))
+    return out
+
+
+def _layer_calls(layer, dims, m):
+    passes = [layer.ops["F"], layer.ops["B"], layer.ops["W"]]
+    if dims.recompute == "full":
+        passes.append(layer.ops.get("F0", layer.ops["F"]))
+    out = []
+    for ops in passes:
+        for op in ops:
+            if op[0] == "c":
+                out.append((op[3], op[1], op[2], m, op))
+            elif op[0] == "a2a":
+                out.append((op[2], "all_to_all", op[1], m, op))
+            elif op[0] == "ring":
+                steps = len(op[2])
+                sends = steps - 1 if op[1] else 2 * steps - 1
+                out.append((op[3], "send/recv (ring)", op[2][0][1], m * sends, op))
+    return out
+
+
+def dp_tail(est, layers, per_layer, timer, timing, r, param_bytes, boundary):
+    """Seconds rank r spends after its pipeline ends on data-parallel work: DDP's
+    all-reduces that outlast backward (and what they delay, :mod:`.overlap`), ZeRO-1's
+    reduce-scatters and ZeRO-1/2's all-gathers of the updated parameters."""
+    dims = est.dims
+    z, v = dims.zero_stage, dims.v
+    end = max(e for _, _, e in timing[r])
+    groups = timer.groups(r)
+    if z == 0:
+        if all(len(groups[a]) == 1 for a in ("dp,cp", "edp")):
+            return 0.0
+        actions = [a for a, _, _ in timing[r]]
+        return replay(timer, r, actions, timing, layers, dims, param_bytes,
+                      lambda rank, a: _hop(timer, dims, boundary, rank, a)) - end
+    total = 0.0
+    for c in range(v):
+        for x in layers[c][r]:
+            for group, elems in x.params.items():
+                axis = AXIS_OF[group]
+                n = len(groups[axis])
+                if not elems or n == 1:
+                    continue
+                full = -(-elems // n) * n * param_bytes
+                if z == 1:
+                    total += timer.op(("c", "reduce_scatter", full, axis), r)
+                if z in (1, 2):
+                    total += timer.op(("c", "all_gather", full, axis), r)
+    return total
+
+
+def comm_table(est, layers, per_layer, timer, timing, boundary, param_bytes, m_played):
+    """(each pipeline rank's data-parallel tail in seconds, the communication table of the
+    rank that finishes last). ``timing`` plays ``m_played`` micro-batches (sends are counted
+    there and scaled to the plan's)."""
+    dims, p, m = est.dims, est.dims.pp, est.dims.micro_batches
+    tails = [dp_tail(est, layers, per_layer, timer, timing, r, param_bytes, boundary) for r in range(p)]
+    pipe_end = [max(e for _, _, e in timing[r]) for r in range(p)]
+    r = max(range(p), key=lambda k: pipe_end[k] + tails[k])
+    groups, g = timer.groups(r), timer.g
+    rows = {}
+
+    def add(axis, op, nbytes, count, seconds, exposed):
+        key = (axis, op, int(nbytes))
+        row = rows.setdefault(key, {"axis": axis, "op": op, "bytes": int(nbytes), "count": 0,
+                                    "link": link_of(groups[axis] if axis in groups else (), g),
+                                    "seconds": 0.0, "exposed": 0.0})
+        row["count"] += count
+        row["seconds"] += seconds
+        row["exposed"] += exposed
+
+    for c in range(dims.v):
+        for x in layers[c][r]:
+            for axis, op, nbytes, count, raw in _layer_calls(x, dims, m):
+                if len(groups[axis]) > 1:
+                    t = timer.op(raw, r) * m
+                    add(axis, op, nbytes, count, t, t)
+            for axis, op, nbytes, count in _strategy_calls(x, dims, m, param_bytes, groups):
+                t = timer.op(("c", op, nbytes, axis), r) * count
+                add(axis, op, nbytes, count, t, 0.0 if (axis != "tp" and dims.zero_stage == 0) else t)
+    if p > 1:
+        sends = sum(1 for a, _, _ in timing[r] if a.kind in ("F", "B") and _crosses(a, r, p, dims.v)) * m // m_played
+        hop = max(timer.p2p(boundary, r, (r + 1) % p), timer.p2p(boundary, r, (r - 1) % p))
+        add("pp", "send/recv", boundary, sends, sends * hop, sends * hop)
+    if dims.zero_stage == 0:
+        for row in rows.values():
+            if row["axis"] in ("dp,cp", "edp"):
+                row["exposed"] = tails[r] * row["seconds"] / max(1e-30, sum(
+                    x["seconds"] for x in rows.values() if x["axis"] in ("dp,cp", "edp")))
+    table = Table(sorted(rows.values(), key=lambda x: ("tp", "cp", "ep", "pp", "dp,cp", "edp").index(x["axis"])),
+                  byte_columns=["bytes"])
+    return tails, table
+
+
+def _hop(timer, dims, boundary, r, action):
+    """(seconds, port kinds) of the transfer that brings ``action`` its input, or (0, None)."""
+    p, v = dims.pp, dims.v
+    s = stage_of(p, r, action.chunk)
+    if action.kind == "F" and s > 0:
+        src = place_of(p, s - 1)[0]
+    elif action.kind == "B" and s < p * v - 1:
+        src = place_of(p, s + 1)[0]
+    else:
+        return 0.0, None
+    per = dims.dp * dims.cp * dims.tp
+    crosses = (src * per) // timer.g != (r * per) // timer.g
+    return timer.p2p(boundary, src, r), frozenset({"nic" if crosses else "nvlink"})
+
+
+def _crosses(action, r, p, v):
+    s = stage_of(p, r, action.chunk)
+    if action.kind == "F":
+        return s < p * v - 1
+    return s > 0

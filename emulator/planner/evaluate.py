@@ -1,0 +1,233 @@
+"""``evaluate(model, cluster, dims, seq_len, global_batch_tokens)``: one plan's memory,
+communication, bubble, step time and utilisation, and every problem, in words.
+
+The figures are what the emulator would measure running the plan (:mod:`.memory`,
+:mod:`.timing`); :func:`emulator.planner.run_plan` runs it to show both side by side.
+"""
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from ..errors import ConfigError
+from ..parallel.dims import ParallelDims
+from ..parallel.pipeline import schedule
+from ..accounting.pipeline import pipeline_bubble
+from .comm import comm_table
+from .layers import rank_layers, split_names
+from .memory import KINDS, stage_peaks
+from .timing import Timer, action_durations, layer_times, simulate
+from .models import ModelSpec
+from .cluster import Cluster
+
+
+@dataclass
+class Estimate:
+    """What the planner predicts for one plan. Times in seconds, memory in bytes."""
+
+    model: ModelSpec
+    cluster: Cluster
+    dims: ParallelDims
+    seq_len: int
+    global_batch_tokens: int
+    problems: list
+    micro_batch: int = None  # sequences per micro-batch
+    memory_bytes: dict = None  # worst rank, by kind, at its peak
+    memory_peak: float = None
+    worst_stage: int = None
+    stage_memory: list = None  # per pipeline rank: (peak, by kind)
+    step_time: float = None
+    pipeline_time: float = None
+    tokens_per_s_per_gpu: float = None
+    mfu: float = None
+    hfu: float = None
+    bubble: float = None
+    bubble_formula: float = None
+    comm: object = None
+    stage_ends: list = field(default=None, repr=False)  # per pipeline rank: when its last action ends
+    timeline: dict = field(default=None, repr=False)  # the simulated schedule (of at most 5 p micro-batches)
+
+    @property
+    def valid(self):
+        return not [p for p in self.problems if not p.startswith("slow:")]
+
+    @property
+    def fits(self):
+        return self.memory_peak is not None and self.memory_peak <= self.cluster.hbm_bytes
+
+    def summary(self):
+        """A few lines a person reads."""
+        if self.step_time is None:
+            return f"{self.dims}: not evaluated:\n" + "\n".join(f"  - {p}" for p in self.problems)
+        m = self.memory_bytes
+        lines = [f"{self.dims} on {self.dims.world_size:,} GPUs, {self.micro_batch} sequence(s) per micro-batch",
+                 f"  memory, worst rank (stage {self.worst_stage}): {self.memory_peak / 1e9:.2f} GB of "
+                 f"{self.cluster.hbm_bytes / 1e9:.0f} (" + ", ".join(f"{k} {m[k] / 1e9:.2f}" for k in KINDS) + ")",
+                 f"  step {self.step_time:.4g} s, bubble {self.bubble:.1%} (formula {self.bubble_formula:.1%}), "
+                 f"{self.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {self.mfu:.1%}, HFU {self.hfu:.1%}"]
+        lines += [f"  problem: {p}" for p in self.problems]
+        return "\n".join(lines)
+
+    def __repr__(self):
+        return f"Estimate({self.summary()})"
+
+    def as_dict(self):
+        """Plain numbers and strings (for ``--json``)."""
+        from dataclasses import asdict
+
+        out = {"dims": asdict(self.dims), "world_size": self.dims.world_size, "valid": self.valid,
+               "problems": list(self.problems), "micro_batch": self.micro_batch}
+        if self.step_time is not None:
+            out.update(memory_bytes={k: float(v) for k, v in self.memory_bytes.items()},
+                       memory_peak=float(self.memory_peak), worst_stage=self.worst_stage,
+                       step_time=self.step_time, tokens_per_s_per_gpu=self.tokens_per_s_per_gpu, mfu=self.mfu,
+                       hfu=self.hfu, bubble=self.bubble, bubble_formula=self.bubble_formula,
+                       comm=[dict(row) for row in self.comm])
+        return out
+
+
+def _check_inputs(model, cluster, dims, seq_len, global_batch_tokens):
+    if not isinstance(model, ModelSpec):
+        raise ConfigError(f"evaluate: model must be a ModelSpec (or model_preset(name)), got {type(model).__name__}")
+    if not isinstance(cluster, Cluster):
+        raise ConfigError(f"evaluate: cluster must be a Cluster (cluster_preset('h100', nodes=...)), got "
+                          f"{type(cluster).__name__}")
+    if not isinstance(dims, ParallelDims):
+        raise ConfigError(f"evaluate: dims must be a ParallelDims, got {type(dims).__name__}")
+    for name, v in (("seq_len", seq_len), ("global_batch_tokens", global_batch_tokens)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"evaluate: {name} must be a positive int, got {v!r}")
+
+
+def structural_problems(model, cluster, dims, seq_len, global_batch_tokens):
+    """What makes the plan impossible before any arithmetic: sizes that do not divide, a
+    GPU count that is not the cluster's, a batch too small for the replicas."""
+    out = []
+    if dims.world_size != cluster.gpus:
+        out.append(f"dp x tp x pp x cp = {dims.world_size:,} GPUs, but the cluster has {cluster.gpus:,}")
+    if global_batch_tokens % seq_len:
+        out.append(f"the global batch ({global_batch_tokens:,} tokens) is not a whole number of {seq_len}-token "
+                   f"sequences")
+        return out
+    batch = global_batch_tokens // seq_len
+    per = dims.dp * dims.micro_batches
+    if batch < per:
+        out.append(f"dp x micro_batches = {per:,} micro-batches need at least {per:,} sequences; the global batch has "
+                   f"{batch:,}: lower dp or the micro-batches")
+    out += dims.problems(model.with_seq(seq_len), seq_len, batch if batch >= per else None)
+    return out
+
+
+def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=2, mixed=True):
+    """The :class:`Estimate` of training ``model`` on ``cluster`` with ``dims``, sequences
+    of ``seq_len`` tokens and ``global_batch_tokens`` per step. ``param_bytes=2,
+    mixed=True``: bf16 parameters with mixed-precision Adam (16 bytes per parameter);
+    ``param_bytes=4, mixed=False``: fp32 throughout (Adam's moments in fp32)."""
+    _check_inputs(model, cluster, dims, seq_len, global_batch_tokens)
+    problems = structural_problems(model, cluster, dims, seq_len, global_batch_tokens)
+    est = Estimate(model, cluster, dims, seq_len, global_batch_tokens, problems)
+    if problems:
+        return est
+    model = model.with_seq(seq_len)
+    batch = global_batch_tokens // seq_len
+    b = batch // (dims.dp * dims.micro_batches)
+    est.micro_batch = b
+    p, v, m = dims.pp, dims.v, dims.micro_batches
+    names = split_names(model.n_layers, p * v)
+    timer = Timer(cluster, dims)
+    layers = [[rank_layers(model, dims, b, seq_len, param_bytes, names[_stage(p, r, c)]) for r in range(p)]
+              for c in range(v)]
+    est.stage_memory = stage_peaks(layers, dims, param_bytes, mixed)
+    worst = max(range(p), key=lambda r: est.stage_memory[r][0])
+    est.worst_stage, (est.memory_peak, est.memory_bytes) = worst, est.stage_memory[worst]
+
+    memo = {}
+
+    def times(x, r):  # the blocks of a stage share their ops, and alike stages their times
+        key = (id(x.ops), x.partial, tuple(x.params.items()), timer.stage_key(r))
+        if key not in memo:
+            memo[key] = layer_times(timer, x, r, dims, param_bytes)
+        return memo[key]
+
+    per_layer = [[[times(x, r) for x in layers[c][r]] for c in range(v)] for r in range(p)]
+    boundary = b * (seq_len // dims.cp // (dims.tp if dims.sequence_parallel else 1)) * model.d_model * param_bytes
+
+    def play(m_sim):
+        """The pipeline of ``m_sim`` micro-batches: (timing, each rank's end, busy seconds, tails, table)."""
+        actions = _schedule(dims.schedule, p, m_sim, v)
+        durations = [action_durations(actions[r], per_layer[r], dims) for r in range(p)]
+        timing = simulate(actions, durations, lambda src, dst: timer.p2p(boundary, src, dst))
+        ends = [max(e for _, _, e in timing[r]) for r in range(p)]
+        busy = sum(sum(d) for d in durations)
+        tails, table = comm_table(est, layers, per_layer, timer, timing, boundary, param_bytes, m_sim)
+        return timing, ends, busy, tails, table
+
+    cap = steady_cap(p, v)
+    if m <= cap + p:
+        est.timeline, ends, busy, tails, est.comm = play(m)
+    else:  # every micro-batch past the ramp adds the same time to each rank: play two and extend the line
+        est.timeline, ends1, busy1, tails, est.comm = play(cap)
+        _, ends2, busy2, _, _ = play(cap + p)
+        ends = [e1 + (e2 - e1) * (m - cap) / p for e1, e2 in zip(ends1, ends2)]
+        busy = busy1 + (busy2 - busy1) * (m - cap) / p
+    est.stage_ends = ends
+    est.pipeline_time = max(ends)
+    est.bubble = 1 - busy / (p * est.pipeline_time) if p > 1 else 0.0
+    est.bubble_formula = pipeline_bubble(p, m, v) if dims.schedule != "zb_h1" else \
+        pipeline_bubble(p, m, schedule="zb_h1")
+    est.step_time = max(ends[r] + tails[r] for r in range(p))
+    tokens = batch * seq_len
+    G = dims.world_size
+    est.tokens_per_s_per_gpu = tokens / est.step_time / G
+    peak = cluster.peak_flops
+    est.mfu = model.model_flops_per_token(seq_len) * tokens / (est.step_time * G * peak)
+    est.hfu = _executed_flops(layers, dims) / (est.step_time * G * peak)
+    est.problems = problems + _soft_problems(est, cluster, dims)
+    return est
+
+
+def steady_cap(p, v=1):
+    """Micro-batches played in full before the step is extended along a line: a multiple
+    of p (as the interleaved schedule needs) past the warm-up of every rank."""
+    return (v + 1) * p
+
+
+@lru_cache(maxsize=256)
+def _schedule(name, p, m, v):
+    return schedule(name, p, m, v)
+
+
+def _stage(p, r, c):
+    from ..parallel.pipeline.actions import stage_of
+
+    return stage_of(p, r, c)
+
+
+def _executed_flops(layers, dims):
+    """FLOPs every rank's kernels compute in one step (recomputation included)."""
+    from .layers import ops_flops
+
+    per_stage_ranks = dims.dp * dims.cp * dims.tp
+    total = 0.0
+    for c in range(dims.v):
+        for r in range(dims.pp):
+            for x in layers[c][r]:
+                f = ops_flops(x.ops["F"]) + ops_flops(x.ops["B"]) + ops_flops(x.ops["W"])
+                if dims.recompute == "full":
+                    f += ops_flops(x.ops.get("F0", x.ops["F"]))
+                total += f
+    return total * dims.micro_batches * per_stage_ranks
+
+
+def _soft_problems(est, cluster, dims):
+    out = []
+    g = cluster.gpus_per_node
+    if dims.tp > g:
+        out.append(f"tp={dims.tp} crosses a node ({g} GPUs per node): its collectives run on the NICs; keep tp within "
+                   f"a node")
+    if est.memory_peak > cluster.hbm_bytes:
+        out.append(f"does not fit: pipeline stage {est.worst_stage} needs {est.memory_peak / 1e9:.1f} GB, HBM has "
+                   f"{cluster.hbm_bytes / 1e9:.0f} GB ({(est.memory_peak - cluster.hbm_bytes) / 1e9:.1f} GB over)")
+    if dims.ep > 1 and dims.tp * dims.ep > g:
+        out.append(f"slow: the ep={dims.ep} all-to-all crosses nodes (tp x ep = {dims.tp * dims.ep} > {g} GPUs per "
+                   f"node)")
+    return out

@@ -1,0 +1,179 @@
+"""Per-GPU memory of a plan: what each rank's ledger holds at its peak, by kind.
+
+The parts, as the emulator's strategies hold them (:mod:`emulator.parallel.ddp`,
+``zero1``..``zero3``, :class:`~emulator.parallel.pipeline.PipelineStage`):
+
+* ``params``: this rank's parameters (ZeRO-3: its slice of each layer's flat vector,
+  padded to a multiple of the group); ``optimizer``: Adam's state for what it updates
+  (12 bytes per element with mixed precision: fp32 master and moments; ZeRO-1/2/3: its
+  slice only);
+* ``grads``: DDP's bucket per layer and ZeRO-1's full gradients, from a layer's first
+  backward to the update; ZeRO-2/3's slice; each held from the layer's first backward;
+* ``activations``: what each layer's forward keeps, per micro-batch in flight, released
+  layer by layer as backward passes (a split backward keeps them, and the output
+  gradients, until ``W``);
+* ``buffers``: ZeRO-3's gathered layer while it is used, ZeRO-2/3's full gradient while it
+  is reduce-scattered.
+
+:func:`stage_peaks` walks each pipeline rank's actions (the schedule's own lists) layer by
+layer and returns every rank's peak and its breakdown, as the ledger records them.
+"""
+
+from functools import lru_cache
+
+import numpy as np
+
+from ..parallel.pipeline import schedule
+from ..parallel.pipeline.actions import stage_of
+
+KINDS = ("params", "grads", "optimizer", "activations", "buffers")
+
+
+def padded(elems, n):
+    return -(-elems // n) * n
+
+
+class Units:
+    """One rank's units (a layer's parameters that reduce over one group) and their bytes."""
+
+    def __init__(self, layers, dims, param_bytes, mixed):
+        groups = {"dense": dims.dp * dims.cp, "experts": dims.dp * dims.cp // dims.ep}
+        opt = 12 if mixed else 2 * param_bytes
+        self.z, self.pb = dims.zero_stage, param_bytes
+        self.params = self.optimizer = 0
+        self.per_layer = []  # per layer: (grads held once its backward ran, gathered, full-gradient buffer)
+        for layer in layers:
+            grads = gathered = fullgrad = 0
+            for group, elems in layer.params.items():
+                if not elems:
+                    continue
+                n = groups[group]
+                full, mine = padded(elems, n), padded(elems, n) // n
+                self.params += (mine if self.z == 3 else elems) * param_bytes
+                self.optimizer += (elems if self.z == 0 else mine) * opt
+                grads += (elems if self.z <= 1 else mine) * param_bytes
+                gathered += full * param_bytes if self.z == 3 else 0
+                fullgrad += full * param_bytes if self.z >= 2 else 0
+            self.per_layer.append((grads, gathered, fullgrad))
+
+
+def _profile(kept, units, kind, first, grad_out, held, release):
+    """(peak over the action of (activations, grads, buffers) changes, net change) for one
+    pass over a chunk's layers: ``kind`` F, B (unsplit or ``"B-split"``) or W. ``held``:
+    ZeRO-3's gathered layers are still held from an earlier split ``B`` (shared, not
+    gathered again); ``release``: this ``W`` is the last user of them."""
+    a = g = buf = 0
+    best = (0, 0, 0)
+
+    def check():
+        nonlocal best
+        if a + g + buf > sum(best):
+            best = (a, g, buf)
+
+    rev = list(range(len(kept)))[::-1]
+    gathered = [0 if held else units.per_layer[i][1] for i in range(len(kept))]
+    if kind == "F":
+        for i in range(len(kept)):
+            buf += gathered[i]
+            check()
+            buf -= gathered[i]
+            a += kept[i]
+            check()
+        return best, (a, g, buf)
+    if kind == "B-split":
+        for i in rev:
+            buf += gathered[i]
+            check()
+        a += grad_out
+        check()
+        return best, (a, g, buf)
+    if kind == "W":
+        a -= grad_out
+    for i in rev:  # B unsplit, or W: release the layer, then hand its gradients on
+        grads, full_layer, fullgrad = units.per_layer[i]
+        if kind == "B":
+            buf += full_layer
+            check()
+        a -= kept[i]
+        if kind == "B" or release:
+            buf -= full_layer
+        buf += fullgrad
+        check()
+        buf -= fullgrad
+        if first:
+            g += grads
+            check()
+    return best, (a, g, buf)
+
+
+def zero3_held(actions, split):
+    """Per action of one rank: whether its chunk's layers are still gathered (a split
+    ``B`` whose ``W`` has not run), and for a ``W`` whether it is their last user."""
+    outstanding, out = {}, []
+    for kind, c in actions:
+        n = outstanding.get(c, 0)
+        if split and kind == "B":
+            out.append((n > 0, False))
+            outstanding[c] = n + 1
+        elif split and kind == "W":
+            out.append((True, n == 1))
+            outstanding[c] = n - 1
+        else:
+            out.append((n > 0, True))
+    return out
+
+
+def walked_micro_batches(p):
+    """Micro-batches a non-GPipe schedule is walked over: past them, nothing new is held."""
+    return 5 * p
+
+
+def stage_peaks(stage_layers, dims, param_bytes=2, mixed=True):
+    """Every pipeline rank's ``(peak bytes, {kind: bytes at the peak})``: ``stage_layers[c][r]``
+    is the list of :class:`~emulator.planner.layers.Layer` of rank r's chunk c."""
+    p, v, m = dims.pp, dims.v, dims.micro_batches
+    split = dims.schedule == "zb_h1"
+    full = dims.recompute == "full"
+    if dims.schedule != "gpipe":  # the peak comes within the warm-up and the first steady micro-batches
+        m = min(m, walked_micro_batches(p))
+    actions = _actions(dims.schedule, p, m, v)
+    out = []
+    for r in range(p):
+        layers = [stage_layers[c][r] for c in range(v)]
+        units = [Units(ls, dims, param_bytes, mixed) for ls in layers]
+        static = {"params": sum(u.params for u in units), "optimizer": sum(u.optimizer for u in units)}
+        kept = [[(x.input if full else x.kept) for x in ls] for ls in layers]
+        grad_out = [sum(x.grad_out for x in ls) for ls in layers]
+        profiles, keys = {}, []
+        held = zero3_held(actions[r], split) if dims.zero_stage == 3 else [(False, True)] * len(actions[r])
+        seen = set()
+        for (kind, c), (h, release) in zip(actions[r], held):
+            k = "B-split" if (kind == "B" and split) else kind
+            first = k in ("B", "W") and c not in seen
+            if first:
+                seen.add(c)
+            key = (k, c, first, h, release)
+            if key not in profiles:
+                profiles[key] = (len(profiles), _profile(kept[c], units[c], k, first, grad_out[c], h, release))
+            keys.append(profiles[key][0])
+        table = sorted(profiles.values())
+        peaks = np.array([pk for _, (pk, _) in table])[keys]  # (actions, 3): the peak inside each action
+        deltas = np.array([dl for _, (_, dl) in table])[keys]  # and what it leaves held
+        before = np.cumsum(deltas, axis=0) - deltas  # what is held when each action starts
+        at = (before + peaks)[int(np.argmax((before + peaks).sum(axis=1)))]
+        by_kind = {"params": static["params"], "grads": float(at[1]), "optimizer": static["optimizer"],
+                   "activations": float(at[0]), "buffers": float(at[2])}
+        out.append((sum(by_kind.values()), by_kind))
+    return out
+
+
+@lru_cache(maxsize=512)
+def _actions(name, p, m, v):
+    """Each rank's actions as (kind, chunk)."""
+    return tuple(tuple((a.kind, a.chunk) for a in acts) for acts in schedule(name, p, m, v))
+
+
+def micro_batch_layers(stage_names, p, v):
+    """``[chunk][rank] -> names`` from the virtual stages' names."""
+    return [[stage_names[stage_of(p, r, c)] for r in range(p)] for c in range(v)]
+

@@ -1,0 +1,124 @@
+"""DDP's gradient all-reduces and the work they overlap.
+
+DDP starts a layer's all-reduce as soon as its last micro-batch's gradient is in, on the
+data-parallel group's own stream, while backward goes on. The emulator books every
+operation on the ports it uses (:mod:`emulator.machine.links`): when the all-reduce and a
+blocking collective of the backward (tensor parallelism's, an all-to-all, a pipeline
+transfer) need the same kind of port, the later one waits for the earlier to finish.
+:func:`replay` plays a rank's actions from the first one that starts an all-reduce to the
+end, op by op, with the ports of the two kinds (NVLink, NIC) this rank uses, and returns
+when the rank is done.
+"""
+
+from bisect import insort
+
+
+def port_kinds(ranks, gpus_per_node):
+    """The ports a collective over ``ranks`` takes on each member: NVLink inside a node,
+    the NIC between nodes (rings cross nodes on every GPU's NIC, channel by channel)."""
+    nodes = {r // gpus_per_node for r in ranks}
+    kinds = set()
+    if len(nodes) > 1:
+        kinds.add("nic")
+    if len(nodes) < len(ranks):
+        kinds.add("nvlink")
+    return frozenset(kinds)
+
+
+class Ports:
+    """Busy spans of this rank's NVLink and NIC ports; an op takes the earliest time all
+    its ports are free for its whole length (earlier gaps used when long enough)."""
+
+    def __init__(self):
+        self.spans = {"nvlink": [], "nic": []}
+        self.until = {"nvlink": 0.0, "nic": 0.0}
+
+    def place(self, kinds, duration, t0):
+        if all(self.until[k] <= t0 for k in kinds):  # nothing booked after t0
+            return t0
+        t, moved = t0, True
+        while moved:
+            moved = False
+            for k in kinds:
+                for s, e in self.spans[k]:
+                    if s < t + duration and e > t:
+                        t, moved = e, True
+        return t
+
+    def book(self, kinds, start, end):
+        for k in kinds:
+            insort(self.spans[k], (start, end))
+            self.until[k] = max(self.until[k], end)
+
+
+def replay(timer, r, actions, timing, layers, dims, param_bytes, hop):
+    """(end of rank r's step, when its pipeline would end without the all-reduces):
+    its actions replayed from the first that starts an all-reduce."""
+    split = dims.schedule == "zb_h1"
+    done_kind = "W" if split else "B"
+    last = {}
+    for i, a in enumerate(actions):
+        if a.kind == done_kind:
+            last[a.chunk] = i
+    groups, g = timer.groups(r), timer.g
+    kinds = {name: port_kinds(ranks, g) for name, ranks in groups.items()}
+    first = min(last.values())
+    starts = {i: s for i, (_, s, _) in enumerate(timing[r])}
+    t = timing[r][first - 1][2] if first else 0.0
+    ports, stream, finish = Ports(), {}, 0.0
+
+    def blocking(op):
+        run_steps([(timer.op(op, r), kinds[op[-1]])])
+
+    def run_steps(steps):
+        nonlocal t
+        for sec, k in steps:
+            if k:
+                t = ports.place(k, sec, t)
+                ports.book(k, t, t + sec)
+            t += sec
+
+    def steps_of(x, name):  # the pass's ops as (seconds, ports or None), compute merged; kept on the layer
+        key = ("steps", name, timer.topology, groups["tp"], groups["cp"], groups["ep"])
+        if key not in x.times:
+            out, acc = [], 0.0
+            for op in x.ops.get(name, x.ops["F"]):
+                sec = timer.op(op, r)
+                if op[0] in ("c", "a2a", "ring") and sec:
+                    out += [(acc, None)] if acc else []
+                    out.append((sec, kinds[op[-1]]))
+                    acc = 0.0
+                else:
+                    acc += sec
+            x.times[key] = tuple(out + ([(acc, None)] if acc else []))
+        return x.times[key]
+
+    for i in range(first, len(actions)):
+        a = actions[i]
+        sec, hop_kinds = hop(r, a)
+        if sec:  # its input crosses from another rank, once both sides are ready
+            t = ports.place(hop_kinds, sec, max(t, starts[i] - sec))
+            ports.book(hop_kinds, t, t + sec)
+            t += sec
+        t = max(t, starts[i]) if i == first else t
+        chunk = layers[a.chunk][r]
+        order = range(len(chunk)) if a.kind == "F" else reversed(range(len(chunk)))
+        for j in order:
+            x = chunk[j]
+            passes = {"F": ["F"], "W": ["W"], "B": (["F0"] if dims.recompute == "full" else []) +
+                      (["B"] if split else ["B", "W"])}[a.kind]
+            for name in passes:
+                run_steps(steps_of(x, name))
+            if a.kind == done_kind and x.partial and dims.tp > 1:
+                blocking(("c", "all_reduce", x.partial * param_bytes, "tp"))
+            if a.kind == done_kind and i == last[a.chunk]:  # the layer's last gradient: its all-reduce starts
+                for group, elems in x.params.items():
+                    axis = "dp,cp" if group == "dense" else "edp"
+                    if not elems or len(groups[axis]) == 1:
+                        continue
+                    sec = timer.op(("c", "all_reduce", elems * param_bytes, axis), r)
+                    start = ports.place(kinds[axis], sec, max(t, stream.get(axis, 0.0)))
+                    ports.book(kinds[axis], start, start + sec)
+                    stream[axis] = start + sec
+                    finish = max(finish, start + sec)
+    return max(t, finish)

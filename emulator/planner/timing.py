@@ -1,0 +1,318 @@
+"""Step time of a plan, as the emulator's clock would give it.
+
+Three parts, each what the emulator does:
+
+1. **A layer's passes** (:func:`layer_times`): its ops (:mod:`.layers`) in order on the
+   compute stream, kernels at the device's rates (:meth:`emulator.machine.device.Device.time`),
+   each blocking collective for its closed-form time (:func:`emulator.cost.collective_time`,
+   which agrees with the engine), all-to-alls pairwise and ring attention step by step;
+   plus what the data-parallel strategy does per layer (ZeRO-3 gathers the layer before
+   forward and backward, ZeRO-2/3 reduce-scatter its gradient every micro-batch) and the
+   tensor-parallel sum of partial gradients under sequence parallelism.
+2. **The pipeline** (:func:`simulate`): the schedule's actions per rank, each as long as
+   its layers' passes; a micro-batch's activations or gradients cross to the next stage
+   point to point once the receiver asks for them (a rank posts its receive when it
+   reaches the action that needs it, as the executor does), taking the link's time.
+3. **The data-parallel tail**: DDP's bucket all-reduces, each started when its layer's
+   last gradient is in and queued on the group's stream behind the previous one; ZeRO-1's
+   reduce-scatter and ZeRO-1/2's all-gather of the updated parameters after the pipeline.
+
+What it leaves out: messages of different groups that share a port (a NIC carrying a
+pipeline send and a data-parallel all-reduce at once) are timed as if alone; the emulator
+books ports and makes one wait.
+"""
+
+from functools import lru_cache
+
+from ..cost import RING_STEPS, collective_time, p2p_time
+
+
+class Ranks(tuple):
+    """A group's global ranks; its hash is computed once (groups of thousands of ranks key
+    the caches below)."""
+
+    def __hash__(self):
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = tuple.__hash__(self)
+        return h
+
+    __eq__ = tuple.__eq__
+
+
+class _Groups(dict):
+    """A stage representative's groups, each built the first time it is asked for."""
+
+    def __init__(self, dims, stage, g):
+        super().__init__()
+        per_stage = dims.dp * dims.cp * dims.tp
+        rep = stage * per_stage
+        self.shift = rep - rep % g  # whole nodes: the same layout, one cache entry
+        self.base, self.dims = rep - self.shift, dims
+
+    def __missing__(self, name):
+        d, base = self.dims, self.base
+        if name == "tp":
+            out = tuple(range(base, base + d.tp))
+        elif name == "pp":
+            out = tuple(k * d.dp * d.cp * d.tp - self.shift for k in range(d.pp))
+        else:
+            flat = range(base, base + d.dp * d.cp * d.tp, d.tp)  # dp x cp, cp fastest
+            out = tuple({"cp": flat[:d.cp], "dp": flat[::d.cp], "dp,cp": flat, "ep": flat[:d.ep],
+                         "edp": flat[::d.ep]}[name])
+        out = self[name] = Ranks(out)
+        return out
+
+
+class Timer:
+    """Times ops for the ranks of one pipeline stage (its representative's groups)."""
+
+    def __init__(self, cluster, dims):
+        self.topology, self.device, self.dims = cluster.topology, cluster.device, dims
+        self.g = cluster.topology.gpus_per_node
+        self._groups, self._ops = {}, {}
+
+    def stage_key(self, r):
+        """Stages whose groups sit alike on nodes share one key (and cached times)."""
+        per_stage = self.dims.dp * self.dims.cp * self.dims.tp
+        return 0 if per_stage % self.g == 0 else r
+
+    def groups(self, r):
+        """The global ranks of each group of pipeline rank r's representative (coordinates
+        pp=r, dp=cp=tp=0; axes pp, dp, cp, tp, tp innermost: ``ParallelDims.groups_of``),
+        shifted by whole nodes (the same layout); ``pp`` is stage 0's. Built when asked."""
+        key = self.stage_key(r)
+        if key not in self._groups:
+            self._groups[key] = _Groups(self.dims, key, self.g)
+        return self._groups[key]
+
+    def op(self, op, r):
+        key = (op, self.stage_key(r))
+        hit = self._ops.get(key)
+        if hit is None:
+            hit = self._ops[key] = self._time(op, r)
+        return hit
+
+    def _time(self, op, r):
+        kind = op[0]
+        if kind == "k":
+            return _kernel_time(self.device, op[1])
+        if kind == "ke":
+            return sum(_kernel_time(self.device, k) for k in op[1])
+        if kind == "flops":
+            return op[1] / self.topology.flops
+        ranks = self.groups(r)[op[-1]]
+        if len(ranks) == 1:
+            return 0.0
+        if kind == "c":
+            return _collective(op[1], op[2], ranks, self.topology)
+        if kind == "a2a":
+            return _all_to_all(op[1], ranks, self.topology)
+        if kind == "ring":
+            return _ring(op[1], op[2], ranks, self.topology)
+        raise ValueError(f"unknown op {op!r}")
+
+    def ops(self, ops, r):
+        return sum(self.op(o, r) for o in ops)
+
+    def p2p(self, nbytes, r_src, r_dst):
+        per_stage = self.dims.dp * self.dims.cp * self.dims.tp
+        return p2p_time(nbytes, r_src * per_stage, r_dst * per_stage, self.topology)
+
+
+@lru_cache(maxsize=4096)
+def _kernel_time(device, kernel):
+    return device.time(kernel)
+
+
+@lru_cache(maxsize=8192)
+def _collective(op, nbytes, ranks, topology):
+    return ring_collective_time(op, nbytes, ranks, topology)
+
+
+def ring_collective_time(op, nbytes, ranks, topology):
+    """:func:`emulator.cost.ring_time` for a group laid out alike on every node it spans
+    (the same GPUs of each node, as mesh groups are), from its per-port loads in closed
+    form instead of ring by ring: thousands of ranks cost what eight do. Any other group
+    goes to :func:`emulator.cost.collective_time`."""
+    loads = _ring_loads(ranks, topology) if op in RING_STEPS else None
+    if loads is None:
+        return collective_time(op, nbytes, list(ranks), topology)
+    n, c = len(ranks), topology.channels
+    piece = nbytes / (n * c)
+    return RING_STEPS[op](n) * max(link.alpha + count * piece / link.beta for link, count in loads)
+
+
+@lru_cache(maxsize=4096)
+def _ring_loads(ranks, topology):
+    """(link, pieces per step) of every port a ring collective over ``ranks`` uses, or None
+    for a group laid out unevenly over its nodes."""
+    n, c, g = len(ranks), topology.channels, topology.gpus_per_node
+    by_node = {}
+    for r in sorted(ranks):
+        by_node.setdefault(r // g, []).append(r % g)
+    layouts = {tuple(v) for v in by_node.values()}
+    if n == 1 or len(layouts) != 1:
+        return None
+    local = layouts.pop()
+    k, nodes = len(local), len(by_node)
+    nvl, nic = topology.nvlink, topology.nic
+    if nodes == 1:  # every channel's ring passes through every member's NVLink
+        return ((nvl, c),)
+    d = min(c, k)  # rings rotated to leave each node from a different member
+    exits, enters = [0] * k, [0] * k
+    for j in range(d):
+        channels = (j + 1) * c // d - j * c // d
+        exits[(j - 1) % k] += channels
+        enters[j % k] += channels
+    per_nic = g // topology.nics_per_node
+    nic_out, nic_in = {}, {}
+    for i, pos in enumerate(local):
+        nic_out[pos // per_nic] = nic_out.get(pos // per_nic, 0) + exits[i]
+        nic_in[pos // per_nic] = nic_in.get(pos // per_nic, 0) + enters[i]
+    loads = {(nic, x) for x in list(nic_out.values()) + list(nic_in.values()) if x}
+    loads |= {(nvl, c - x) for x in exits + enters if c - x}
+    return tuple(loads)
+
+
+@lru_cache(maxsize=2048)
+def _all_to_all(piece, ranks, topology):
+    """Pairwise exchange: n - 1 steps, each as long as its slowest message
+    (:mod:`emulator.algorithms.all_to_all`). A group's ranks run in order, a node's
+    together, so when the group spans nodes every step has a pair that crosses: every step
+    then takes the NIC's time, else NVLink's."""
+    n = len(ranks)
+    crosses = len({r // topology.gpus_per_node for r in ranks}) > 1
+    return (n - 1) * (topology.nic if crosses else topology.nvlink).time(piece)
+
+
+@lru_cache(maxsize=2048)
+def _ring(forward, steps, ranks, topology):
+    """Ring attention: each step computes one K/V block while the next travels; backward
+    then sends the block's dK/dV on (:mod:`emulator.parallel.context_parallel.ring`).
+    ``steps`` repeat one value after the first, so the sum is taken in closed form."""
+    n = len(ranks)
+    crosses = len({r // topology.gpus_per_node for r in ranks}) > 1
+    hop = (topology.nic if crosses else topology.nvlink).time(steps[0][1])
+    back = 0.0 if forward else hop
+
+    def step(flops, shift):
+        return max(flops / topology.flops, shift) + back
+
+    first = step(steps[0][0], hop if n > 1 else 0.0)
+    if n == 1:
+        return first
+    middle = step(steps[1][0], hop) * (n - 2) if all(f == steps[1][0] for f, _ in steps[1:]) else \
+        sum(step(f, hop) for f, _ in steps[1:-1])
+    return first + middle + step(steps[-1][0], 0.0)
+
+
+# ----------------------------------------------------------------- one layer's passes
+def layer_times(timer, layer, r, dims, param_bytes):
+    """Seconds of one layer's passes on pipeline rank r: ``F``, ``B`` (unsplit: input and
+    weight gradients), ``Bs`` (a split backward's input gradient), ``W``, with the
+    strategy's per-layer collectives; ``ag``: ZeRO-3's gather of the layer, paid before a
+    pass unless the layer is still gathered."""
+    z = dims.zero_stage
+    ag = rs = 0.0
+    for group, elems in layer.params.items():
+        axis = "dp,cp" if group == "dense" else "edp"
+        n = len(timer.groups(r)[axis])
+        if not elems or n == 1:
+            continue
+        full = -(-elems // n) * n * param_bytes
+        if z == 3:
+            ag += timer.op(("c", "all_gather", full, axis), r)
+        if z >= 2:
+            rs += timer.op(("c", "reduce_scatter", full, axis), r)
+    partial = timer.op(("c", "all_reduce", layer.partial * param_bytes, "tp"), r) if layer.partial and dims.tp > 1 \
+        else 0.0
+    f, again, b, w = _passes(timer, layer, r, dims.recompute == "full")
+    return {"F": f, "B": again + b + w + partial + rs, "Bs": again + b, "W": w + partial + rs, "ag": ag}
+
+
+def _passes(timer, layer, r, recompute):
+    """Seconds of the layer's own ops per pass (F, F again under full recomputation, B,
+    W), kept on the layer for the groups that time them."""
+    groups = timer.groups(r)
+    key = (timer.topology, groups["tp"], groups["cp"], groups["ep"], recompute)
+    if key not in layer.times:
+        ops = layer.ops
+        again = timer.ops(ops.get("F0", ops["F"]), r) if recompute else 0.0
+        layer.times[key] = (timer.ops(ops["F"], r), again, timer.ops(ops["B"], r), timer.ops(ops["W"], r))
+    return layer.times[key]
+
+
+def action_durations(actions, per_layer, dims):
+    """Seconds of each of one rank's actions (``per_layer[c]``: its chunks' layer times)."""
+    from .memory import zero3_held
+
+    split = dims.schedule == "zb_h1"
+    pairs = [(a.kind, a.chunk) for a in actions]
+    held = zero3_held(pairs, split) if dims.zero_stage == 3 else [(False, True)] * len(pairs)
+    memo, out = {}, []
+    for (kind, c), (h, _) in zip(pairs, held):
+        key = (kind, c, h)
+        if key not in memo:
+            ts = per_layer[c]
+            name = "F" if kind == "F" else "W" if kind == "W" else ("Bs" if split else "B")
+            gather = 0.0 if (h or kind == "W") else sum(t["ag"] for t in ts)
+            memo[key] = sum(t[name] for t in ts) + gather
+        out.append(memo[key])
+    return out
+
+
+# ----------------------------------------------------------------- the pipeline
+def simulate(actions, durations, hop):
+    """Play each rank's ``actions`` (lists of Action), action i of rank r lasting
+    ``durations[r][i]`` seconds; a cross-rank dependency starts its transfer when the
+    receiver reaches the action (and the sender has finished), and takes ``hop(src, dst)``
+    seconds. Returns ``{rank: [(action, start, end)]}``."""
+    p = len(actions)
+    v = 1 + max(a.chunk for acts in actions for a in acts)
+    last = p * v - 1
+    hops = {}
+    plans = []  # per rank: (key of this action's end, key it waits for or None, seconds of the hop)
+    for r in range(p):
+        row = []
+        for a in actions[r]:
+            s = a.chunk * p + r
+            if a.kind == "F" and s > 0:
+                dep = ((s - 1) % p, "F", a.microbatch, (s - 1) // p)
+            elif a.kind == "B" and s < last:
+                dep = ((s + 1) % p, "B", a.microbatch, (s + 1) // p)
+            else:
+                dep = None
+            h = 0.0
+            if dep is not None and dep[0] != r:
+                if (dep[0], r) not in hops:
+                    hops[(dep[0], r)] = hop(dep[0], r)
+                h = hops[(dep[0], r)]
+            row.append(((r, a.kind, a.microbatch, a.chunk), dep, h))
+        plans.append(row)
+    end, free, nxt = {}, [0.0] * p, [0] * p
+    starts = [[] for _ in range(p)]
+    waiting, ready = {}, list(range(p))  # the rank blocked on each action's end; ranks that can go on
+    while ready:
+        r = ready.pop()
+        row, i, t = plans[r], nxt[r], free[r]
+        dur = durations[r]
+        while i < len(row):
+            key, dep, h = row[i]
+            if dep is not None:
+                done = end.get(dep)
+                if done is None:
+                    waiting[dep] = r
+                    break
+                t = (done if done > t else t) + h
+            starts[r].append(t)
+            t += dur[i]
+            end[key] = t
+            i += 1
+            woken = waiting.pop(key, None)
+            if woken is not None:
+                ready.append(woken)
+        nxt[r], free[r] = i, t
+    if any(nxt[r] < len(plans[r]) for r in range(p)):
+        raise RuntimeError("the schedule deadlocks (validate it with emulator.parallel.pipeline.validate)")
+    return {r: [(a, s0, s0 + d) for a, s0, d in zip(actions[r], starts[r], durations[r])] for r in range(p)}

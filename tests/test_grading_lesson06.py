@@ -1,0 +1,239 @@
+"""Lesson 06's checks reject plausible wrong answers and accept other correct ones."""
+
+import numpy as np
+import pytest
+
+from emulator.grading import CheckFailed
+from emulator.grading import lesson06 as g
+from emulator.mesh import Mesh
+from emulator.parallel import ParallelDims
+from emulator.planner import evaluate, inventory, mesh_tradeoff, search
+
+KINDS = ("params", "grads", "optimizer", "activations", "buffers")
+
+
+# ----------------------------------------------------------------- Exercise 6.1
+def unravel(rank, sizes):
+    """Right, written differently: NumPy's unravel_index over the mesh's shape."""
+    axes, shape = list(sizes), tuple(sizes.values())
+    idx = np.unravel_index(rank, shape)
+    coords = {a: int(i) for a, i in zip(axes, idx)}
+    groups = {}
+    for k, a in enumerate(axes):
+        groups[a] = [int(np.ravel_multi_index(tuple(j if q == k else idx[q] for q in range(len(axes))), shape))
+                     for j in range(shape[k])]
+    return coords, groups
+
+
+def test_mesh_coords_check(capsys):
+    g.check_mesh_coords(unravel)
+    assert "PASSED Exercise 6.1" in capsys.readouterr().out
+
+    def first_axis_innermost(rank, sizes):
+        return unravel(rank, dict(reversed(list(sizes.items()))))
+
+    with pytest.raises(CheckFailed, match="last axis is innermost"):
+        g.check_mesh_coords(first_axis_innermost)
+
+    def without_itself(rank, sizes):
+        c, groups = unravel(rank, sizes)
+        return c, {a: [r for r in ranks if r != rank] for a, ranks in groups.items()}
+
+    with pytest.raises(CheckFailed, match="group along"):
+        g.check_mesh_coords(without_itself)
+
+    def strided_from_zero(rank, sizes):  # the group of coordinate 0, not this rank's
+        c, groups = unravel(rank, sizes)
+        return c, {a: unravel(0, sizes)[1][a] for a in groups}
+
+    with pytest.raises(CheckFailed, match="group along"):
+        g.check_mesh_coords(strided_from_zero)
+    with pytest.raises(CheckFailed, match="library's own solution"):
+        g.check_mesh_coords(lambda rank, sizes: (Mesh(sizes).coords(rank), {}))
+    with pytest.raises(CheckFailed, match="return"):
+        g.check_mesh_coords(lambda rank, sizes: unravel(rank, sizes)[0])
+
+
+# ----------------------------------------------------------------- Exercise 6.2
+def memory_by_arrays(layers, dims, rank):
+    """Right, written differently: arrays of element counts, ceil by negative floor division."""
+    n = {"dense": dims.dp * dims.cp, "experts": dims.dp * dims.cp // dims.ep}
+    elems = np.array([[x["params"].get(k, 0) for k in ("dense", "experts")] for x in layers], dtype=np.int64)
+    per = np.array([n["dense"], n["experts"]])
+    mine = -(-elems // per)
+    z = dims.zero_stage
+    return {"params": 2 * float((mine if z == 3 else elems).sum()), "grads": 2 * float((mine if z >= 2 else elems).sum()),
+            "optimizer": 12 * float((mine if z else elems).sum()), "buffers": 0.0,
+            "activations": float(min(dims.pp - rank, dims.micro_batches) * sum(x["kept"] for x in layers))}
+
+
+def test_plan_memory_check(capsys):
+    g.check_plan_memory(memory_by_arrays)
+    assert "PASSED Exercise 6.2" in capsys.readouterr().out
+
+    def wrong(**change):
+        def fn(layers, dims, rank):
+            out = memory_by_arrays(layers, dims, rank)
+            if "optimizer_unsharded" in change:
+                out["optimizer"] = 12 * sum(sum(x["params"].values()) for x in layers)
+            if "in_flight" in change:
+                out["activations"] = change["in_flight"](dims, rank) * sum(x["kept"] for x in layers)
+            if "grads_sharded_at_1" in change and dims.zero_stage == 1:
+                out["grads"] = out["grads"] / (dims.dp * dims.cp)
+            if "fp32" in change:
+                out["params"] *= 2
+            return out
+        return fn
+
+    with pytest.raises(CheckFailed, match="optimizer"):
+        g.check_plan_memory(wrong(optimizer_unsharded=True))
+    with pytest.raises(CheckFailed, match="micro-batches"):  # every stage holding p of them
+        g.check_plan_memory(wrong(in_flight=lambda dims, rank: min(dims.pp, dims.micro_batches)))
+    with pytest.raises(CheckFailed, match="micro-batches"):  # GPipe's count under 1F1B
+        g.check_plan_memory(wrong(in_flight=lambda dims, rank: dims.micro_batches))
+    with pytest.raises(CheckFailed, match="peak"):
+        g.check_plan_memory(wrong(grads_sharded_at_1=True))
+    with pytest.raises(CheckFailed, match="params"):
+        g.check_plan_memory(wrong(fp32=True))
+    with pytest.raises(CheckFailed, match="library's own solution"):
+        g.check_plan_memory(lambda layers, dims, rank: evaluate(None, None, dims, 1, 1))
+
+
+# ----------------------------------------------------------------- Exercise 6.3
+def bytes_by_calls(model, dims, seq_len, batch, rank):
+    """Right, written differently: list every call, then add up what a ring sends."""
+    t, p, m, n = dims.tp, dims.pp, dims.micro_batches, dims.dp * dims.cp
+    b = batch // (dims.dp * m)
+    act = b * seq_len * model.d_model * 4
+    layers = inventory(model, dims, batch, seq_len, rank, param_bytes=4)
+    calls = {"tp": [], "pp": [], "dp": []}
+    for x in layers:
+        if x["name"].startswith("blocks"):
+            calls["tp"] += [act] * 4 * m
+        elif x["name"] == "embed":
+            calls["tp"] += [act] * m
+        else:
+            calls["tp"] += ([act] + [b * seq_len * 4] * 3) * m
+        elems = sum(x["params"].values())
+        calls["dp"].append((elems if dims.zero_stage == 0 else -(-elems // n) * n) * 4)
+    calls["pp"] = [act] * (m * ((rank < p - 1) + (rank > 0)))
+    return {"tp": sum(2 * (t - 1) / t * c for c in calls["tp"]), "pp": float(sum(calls["pp"])),
+            "dp": sum(2 * (n - 1) / n * c for c in calls["dp"])}
+
+
+def test_comm_bytes_check(capsys):
+    g.check_comm_bytes(bytes_by_calls)
+    assert "PASSED Exercise 6.3" in capsys.readouterr().out
+
+    def changed(axis, how):
+        def fn(model, dims, seq_len, batch, rank):
+            out = bytes_by_calls(model, dims, seq_len, batch, rank)
+            out[axis] = how(out[axis], model, dims, seq_len, batch, rank)
+            return out
+        return fn
+
+    ring_once = changed("tp", lambda v, model, dims, *a: v * dims.tp / (2 * (dims.tp - 1)) if dims.tp > 1 else v)
+    with pytest.raises(CheckFailed, match="tp sends"):  # a ring all-reduce sends its buffer once
+        g.check_comm_bytes(ring_once)
+    forward_only = changed("tp", lambda v, *a: v / 2)
+    with pytest.raises(CheckFailed, match="tp sends"):
+        g.check_comm_bytes(forward_only)
+
+    def no_loss(model, dims, seq_len, batch, rank):
+        out = bytes_by_calls(model, dims, seq_len, batch, rank)
+        if rank == dims.pp - 1 and dims.tp > 1:
+            b = batch // (dims.dp * dims.micro_batches)
+            out["tp"] -= 3 * dims.micro_batches * 2 * (dims.tp - 1) / dims.tp * b * seq_len * 4
+        return out
+
+    with pytest.raises(CheckFailed, match="tp sends"):
+        g.check_comm_bytes(no_loss)
+    both_ways = changed("pp", lambda v, model, dims, seq, batch, rank: 2 * dims.micro_batches * batch //
+                        (dims.dp * dims.micro_batches) * seq * model.d_model * 4 if dims.pp > 1 else 0)
+    with pytest.raises(CheckFailed, match="pp sends"):  # the first and last stages send one way only
+        g.check_comm_bytes(both_ways)
+    bf16 = changed("dp", lambda v, *a: v / 2)
+    with pytest.raises(CheckFailed, match="dp sends"):
+        g.check_comm_bytes(bf16)
+
+
+# ----------------------------------------------------------------- Exercise 6.4
+def test_mesh_tradeoff_check(capsys):
+    def by_hand(n_params, gpus, tp, pp, gpus_per_node, global_batch, micro_batch=1):
+        ok = tp <= gpus_per_node and gpus % (tp * pp) == 0 and global_batch % (gpus // (tp * pp) * micro_batch) == 0
+        m = global_batch / (gpus / (tp * pp)) / micro_batch
+        return {"valid": ok, "state_bytes": n_params * 16 / gpus, "bubble": (pp - 1) / (m + pp - 1) if ok else None}
+
+    g.check_mesh_tradeoff(by_hand)
+    assert "PASSED Exercise 6.4" in capsys.readouterr().out
+
+    def variant(**change):
+        def fn(*args):
+            out = by_hand(*args)
+            n_params, gpus, tp, pp, gpn, batch = args[:6]
+            if "state" in change:
+                out["state_bytes"] = 16 * n_params / (tp * pp)
+            if "ideal" in change and out["valid"]:
+                out["bubble"] = (pp - 1) / (batch / (gpus // (tp * pp)))
+            if "node" in change:
+                out["valid"] = gpus % (tp * pp) == 0
+            return out
+        return fn
+
+    with pytest.raises(CheckFailed, match="16 bytes per parameter over every GPU"):
+        g.check_mesh_tradeoff(variant(state=True))
+    with pytest.raises(CheckFailed, match="bubble"):
+        g.check_mesh_tradeoff(variant(ideal=True))
+    with pytest.raises(CheckFailed, match="valid should be False"):
+        g.check_mesh_tradeoff(variant(node=True))
+    with pytest.raises(CheckFailed, match="library's own solution"):
+        g.check_mesh_tradeoff(mesh_tradeoff)
+
+
+# ----------------------------------------------------------------- Exercise 6.5
+@pytest.mark.slow
+def test_choose_plan_check(capsys):
+    def sharded_and_recomputed(model, cluster, seq_len, batch_tokens):  # right without searching: a rule
+        return ParallelDims(dp=cluster.gpus, zero_stage=2, recompute="full")
+
+    g.check_choose_plan(sharded_and_recomputed)
+    assert "PASSED Exercise 6.5" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match="needs .* GB on its fullest GPU"):  # plain DDP does not fit
+        g.check_choose_plan(lambda model, cluster, seq, tokens: ParallelDims(dp=cluster.gpus))
+    with pytest.raises(CheckFailed, match="below"):  # fits, but a pipeline of 8 one-layer stages idles
+        g.check_choose_plan(lambda model, cluster, seq, tokens: ParallelDims(pp=8, micro_batches=8,
+                                                                            schedule="gpipe", recompute="full"))
+    with pytest.raises(CheckFailed, match="cannot run here"):
+        g.check_choose_plan(lambda model, cluster, seq, tokens: ParallelDims(dp=4, zero_stage=1))
+    with pytest.raises(CheckFailed, match="library's own solution"):
+        g.check_choose_plan(lambda model, cluster, seq, tokens: search(model, cluster, seq, tokens)[0][0])
+    with pytest.raises(CheckFailed, match="ParallelDims"):
+        g.check_choose_plan(lambda model, cluster, seq, tokens: {"dp": 8})
+
+
+# ----------------------------------------------------------------- napkins
+def test_napkins(capsys):
+    g.napkin_state(lambda n_params=70e9, dp=4, tp=8, pp=2: (2 * n_params * 2 / (tp * pp) / 1e9,
+                                                             (4 + 8) * n_params / (dp * tp * pp) / 1e9))
+    g.napkin_dp_tokens(lambda flops=989e12, bandwidth=48e9, dp=64, grad_bytes=2:
+                       2 * grad_bytes * (dp - 1) / dp * flops / (6 * bandwidth))
+    g.napkin_llama_cp(lambda seq=131072, tokens=16 * 2**20, positions_per_gpu=8192, gpus=16384, tp=8, pp=16:
+                      (seq // positions_per_gpu, gpus // (tp * pp * seq // positions_per_gpu),
+                       tokens * tp * pp // (positions_per_gpu * gpus)))
+    out = capsys.readouterr().out
+    assert all(f"PASSED Napkin 6.{k}" in out for k in (1, 2, 3))
+    with pytest.raises(CheckFailed, match="Napkin 6.1"):  # hard-coded to the lecture's numbers
+        g.napkin_state(lambda **kw: (17.5, 13.125))
+    with pytest.raises(CheckFailed, match="optimizer"):  # ZeRO-1 forgotten
+        g.napkin_state(lambda n_params=70e9, dp=4, tp=8, pp=2: (4 * n_params / (tp * pp) / 1e9,
+                                                                 12 * n_params / (tp * pp) / 1e9))
+    with pytest.raises(CheckFailed, match="Napkin 6.2"):  # the all-reduce counted once, not 2(n-1)/n
+        g.napkin_dp_tokens(lambda flops=989e12, bandwidth=48e9, dp=64, grad_bytes=2:
+                           grad_bytes * flops / (6 * bandwidth))
+    with pytest.raises(CheckFailed, match="Napkin 6.2"):
+        g.napkin_dp_tokens(lambda **kw: 13521.0)
+    with pytest.raises(CheckFailed, match="dp"):  # DP left at 128: the GPUs would not add up
+        g.napkin_llama_cp(lambda seq=131072, tokens=16 * 2**20, positions_per_gpu=8192, gpus=16384, tp=8, pp=16:
+                          (seq // positions_per_gpu, gpus // (tp * pp), tokens // seq))
+    with pytest.raises(CheckFailed, match="Napkin 6.3"):
+        g.napkin_llama_cp(lambda **kw: (16, 8, 16))

@@ -1,0 +1,262 @@
+"""The planner against the emulator: each rank's memory within 3% of its ledger's peak and
+the step within 10% of the timeline, over plans with every axis, every ZeRO stage, every
+schedule and every recomputation mode; the pieces it is made of against the emulator's
+own (ring collective times, groups, ring attention's blocks); its problems in words; the
+search, its speed and its rejections; the command line."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from emulator import ConfigError
+from emulator.cost import collective_time
+from emulator.machine.topology import Topology
+from emulator.parallel import ParallelDims as D
+from emulator.parallel.context_parallel.ring import blocks
+from emulator.planner import (ModelSpec, cluster_preset, enumerate_plans, evaluate, model_preset, run_plan,
+                              search)
+from emulator.planner.__main__ import main as cli
+from emulator.planner.layers import _ring_cells
+from emulator.planner.timing import Timer, ring_collective_time
+
+DENSE = ModelSpec(8, 256, 8, 1024, 2048)
+GQA = ModelSpec(8, 256, 8, 768, 2048, n_kv_heads=2, mlp="swiglu")
+MOE = ModelSpec(4, 256, 8, 512, 2048, mlp="swiglu", n_experts=8, top_k=2)
+SMALL = ModelSpec(4, 64, 4, 256, 512)
+
+SHAPE_ONLY = [  # bf16, mixed-precision Adam, the real programs without values
+    (DENSE, D(dp=8)),
+    (DENSE, D(dp=4, zero_stage=3)),
+    (DENSE, D(dp=2, zero_stage=2, micro_batches=2)),
+    (DENSE, D(tp=4, dp=2, sequence_parallel=True)),
+    (DENSE, D(tp=4, dp=2, recompute="selective")),
+    (DENSE, D(pp=4, micro_batches=8, schedule="gpipe")),
+    (DENSE, D(pp=4, dp=2, micro_batches=8, schedule="zb_h1")),
+    (DENSE, D(pp=2, dp=2, v=2, micro_batches=4, schedule="interleaved_1f1b")),
+    (DENSE, D(pp=2, tp=2, dp=2, micro_batches=4, recompute="full", sequence_parallel=True)),
+    (DENSE, D(cp=4, dp=2, cp_attention="ulysses")),
+    (GQA, D(tp=2, pp=2, dp=2, micro_batches=4, zero_stage=1, sequence_parallel=True)),
+    (GQA, D(pp=2, dp=2, micro_batches=4, zero_stage=3, schedule="zb_h1", recompute="selective")),
+    (MOE, D(dp=4, ep=4)),
+    (MOE, D(dp=4, ep=2, tp=2, zero_stage=1, sequence_parallel=True)),
+]
+DATA = [  # ring attention runs with data (fp32): the planner in fp32 too
+    (SMALL, D(cp=2, tp=2, dp=2, sequence_parallel=True)),
+    (SMALL, D(cp=2, pp=2, micro_batches=2, cp_layout="contiguous")),
+    (SMALL, D(cp=4, dp=2)),
+]
+
+
+def cluster_for(dims, gpus_per_node=4):
+    g = min(gpus_per_node, dims.world_size)
+    return cluster_preset("h100", nodes=dims.world_size // g, gpus_per_node=g)
+
+
+def check_against_emulator(model, dims, seq, batch, shape_only):
+    pr = run_plan(model, cluster_for(dims), dims, seq, batch * seq, shape_only=shape_only,
+                  param_bytes=2 if shape_only else 4)
+    est = pr.estimate
+    for stage, ((pred, kinds), meas) in enumerate(zip(est.stage_memory, pr.measured_memory())):
+        assert abs(pred / meas - 1) < 0.03, f"{dims}: stage {stage} memory {pred:,.0f} predicted, {meas:,.0f} measured"
+        led = pr.run.world.memory[pr.representative(stage)]
+        assert sum(kinds.values()) == pytest.approx(pred)
+        if abs(pred / meas - 1) < 1e-9:  # an exact peak: its parts are the ledger's at that moment
+            assert kinds == pytest.approx({k: float(v) for k, v in led.peak_breakdown.items()})
+    step = pr.run.step_time()
+    assert abs(est.step_time / step - 1) < 0.10, f"{dims}: step {est.step_time:.6f} s predicted, {step:.6f} measured"
+    return pr
+
+
+@pytest.mark.parametrize("model,dims", SHAPE_ONLY, ids=[str(d) for _, d in SHAPE_ONLY])
+def test_predictions_match_the_emulator(model, dims):
+    pr = check_against_emulator(model, dims, 512, 16, shape_only=True)
+    predicted, stage = pr.predicted_sent(), pr.comm_stage()
+    measured = {}
+    for (axis, _), b in pr.measured_sent(stage).items():
+        measured[axis] = measured.get(axis, 0) + b
+    assert set(predicted) == set(measured), (predicted, measured)
+    for axis in predicted:  # bytes per axis: exact for every collective, within 1% for MoE's routed rows
+        assert predicted[axis] == pytest.approx(measured[axis], rel=0.01), axis
+
+
+@pytest.mark.parametrize("model,dims", DATA, ids=[str(d) for _, d in DATA])
+def test_predictions_match_the_emulator_with_data(model, dims):
+    check_against_emulator(model, dims, 64, 8, shape_only=False)
+
+
+def test_a_plan_run_reports_predicted_beside_measured():
+    pr = run_plan(DENSE, cluster_for(D(dp=2, tp=2, pp=2)), D(dp=2, tp=2, pp=2, micro_batches=4, zero_stage=1,
+                                                                 sequence_parallel=True), 512, 16 * 512)
+    rows = {r["quantity"]: r for r in pr.table()}
+    assert {"peak memory, stage 0", "peak memory, stage 1", "step time", "pipeline idle share"} <= set(rows)
+    assert any(q.startswith("bytes sent, tp") for q in rows) and any(q.startswith("bytes sent, pp") for q in rows)
+    assert abs(pr.estimate.bubble - pr.measured_bubble()) < 0.02
+    mem, step = pr.worst_errors()
+    assert abs(mem) < 0.03 and abs(step) < 0.10
+
+
+def test_ring_collective_times_equal_the_emulators_closed_form():
+    rng = np.random.default_rng(0)
+    topologies = [Topology.h100(), Topology.h100(gpus_per_node=4), Topology.a100(),
+                  Topology(gpus_per_node=8, nics_per_node=2), Topology(gpus_per_node=8, channels=2)]
+    shapes = [(8, 1, 1, 1), (4, 2, 1, 1), (2, 4, 1, 2), (16, 2, 2, 1), (4, 8, 2, 1), (3, 2, 1, 1), (32, 8, 1, 1)]
+    for topo in topologies:
+        for dp, tp, cp, pp in shapes:
+            dims = D(dp=dp, tp=tp, cp=cp, pp=pp)
+            for rank in (0, dims.world_size - 1):
+                for group in dims.groups_of(rank, topo.gpus_per_node).values():
+                    for op in ("all_reduce", "reduce_scatter", "all_gather"):
+                        nbytes = float(rng.choice([1e3, 1e6, 3e8]))
+                        want = collective_time(op, nbytes, group, topo)
+                        assert ring_collective_time(op, nbytes, tuple(group), topo) == pytest.approx(want, rel=1e-12)
+
+
+def test_groups_and_ring_blocks_are_the_runtimes():
+    for dims in (D(dp=4, tp=2, pp=2, cp=2, ep=2), D(dp=2, cp=4, ep=8), D(dp=8, tp=4, pp=4)):
+        timer = Timer(cluster_preset("h100", nodes=dims.world_size // 8), dims)
+        for r in range(dims.pp):
+            rep = r * dims.dp * dims.cp * dims.tp
+            shift = rep - rep % 8
+            for name, ranks in dims.groups_of(rep, 8).items():
+                if name != "pp":
+                    assert timer.groups(r)[name] == tuple(x - shift for x in ranks), (dims, r, name)
+    for c in (1, 2, 3, 4, 8):
+        for layout in ("zigzag", "contiguous"):
+            want = tuple(max(sum((q.stop - q.start) * (k.stop - k.start) for q, k, _ in
+                                 blocks(rank, (rank - t) % c, c, 8, True, layout)) for rank in range(c))
+                         for t in range(c))
+            assert _ring_cells(c, layout, 8) == want
+
+
+def test_problems_say_what_is_wrong():
+    m = model_preset("llama3-70b")
+    c = cluster_preset("h100", nodes=8)
+    wrong_size = evaluate(m, c, D(dp=2, tp=8), 4096, 2**20)
+    assert not wrong_size.valid and "16 GPUs, but the cluster has 64" in wrong_size.problems[0]
+    assert wrong_size.step_time is None
+    crosses = evaluate(model_preset("megatron-h100-70b"), c, D(dp=4, tp=16, recompute="full"), 4096, 2**20)
+    assert not crosses.valid and any("crosses a node" in p for p in crosses.problems)
+    assert crosses.step_time is not None  # still timed, to show what crossing costs
+    heads = evaluate(model_preset("llama3-8b"), cluster_preset("h100", nodes=3), D(dp=8, tp=3), 4096, 2**20)
+    assert any("tp=3 must divide the 32 attention heads" in p for p in heads.problems)
+    big = evaluate(m, c, D(dp=64), 4096, 2**20)
+    over = [p for p in big.problems if p.startswith("does not fit")]
+    assert over and "GB over" in over[0] and not big.valid and not big.fits
+    ok = evaluate(m, c, D(dp=4, tp=8, pp=2, zero_stage=1, sequence_parallel=True, micro_batches=64,
+                          recompute="selective"), 4096, 2**20)
+    assert ok.valid and ok.fits and ok.problems == []
+    assert 0 < ok.mfu < ok.hfu * 1.5 and 0 < ok.bubble < 0.1
+    assert set(ok.memory_bytes) == {"params", "grads", "optimizer", "activations", "buffers"}
+    assert {row["axis"] for row in ok.comm} == {"tp", "pp", "dp,cp"}
+    a2a = evaluate(model_preset("mixtral-8x22b"), cluster_preset("h100", nodes=32),
+                   D(dp=16, tp=4, pp=4, ep=8, zero_stage=1, micro_batches=16, sequence_parallel=True), 4096,
+                   2**22)
+    assert any(p.startswith("slow: the ep=8 all-to-all crosses nodes") for p in a2a.problems)
+    with pytest.raises(ConfigError, match="ModelSpec"):
+        evaluate("llama", c, D(), 4096, 2**20)
+    with pytest.raises(ConfigError, match="seq_len"):
+        evaluate(m, c, D(dp=64), 0, 2**20)
+
+
+def test_model_presets_and_specs():
+    assert model_preset("llama3-405b").params() == pytest.approx(405.9e9, rel=0.01)
+    assert model_preset("gpt3-175b").params() == pytest.approx(175e9, rel=0.03)
+    assert model_preset("megatron-h100-462b").params() == pytest.approx(462e9, rel=0.03)
+    assert model_preset("megatron-1t").params() == pytest.approx(1008e9, rel=0.03)
+    for bad in (dict(n_heads=7), dict(mlp="relu"), dict(n_kv_heads=3), dict(n_experts=2, top_k=3)):
+        with pytest.raises(ConfigError, match="ModelSpec"):
+            ModelSpec(**{**dict(n_layers=2, d_model=64, n_heads=4, d_ff=128, vocab=100), **bad})
+    with pytest.raises(ConfigError, match="no preset 'llama4'"):
+        model_preset("llama4")
+    with pytest.raises(ConfigError, match="learned position table"):
+        model_preset("llama3-8b").to_gpt(4096)
+    assert ModelSpec.of(DENSE.to_gpt(512)) == DENSE.replace(max_seq=512)
+
+
+def test_search_ranks_valid_plans_and_says_why_the_others_cannot_run():
+    m, c = model_preset("llama3-70b"), cluster_preset("h100", nodes=2)
+    rejected = []
+    ranked = search(m, c, 4096, 40 * 4096, top=5, rejected=rejected)
+    assert 1 <= len(ranked) <= 5 and all(e.valid and e.fits for _, e in ranked)
+    rates = [e.tokens_per_s_per_gpu for _, e in ranked]
+    assert rates == sorted(rates, reverse=True)
+    assert all(d.world_size == 16 and d.tp <= 8 for d, _ in ranked)
+    reasons = " | ".join(r.reason for r in rejected)
+    for needed in ("crosses a node", "does not split over dp", "does not fit"):
+        assert needed in reasons
+    ok, rej = enumerate_plans(m, c, 4096, 40 * 4096)
+    assert len(ok) + len(rej) == sum(1 for tp in range(1, 17) if 16 % tp == 0
+                                     for pp in range(1, 17) if (16 // tp) % pp == 0
+                                     for cp in range(1, 17) if (16 // (tp * pp)) % cp == 0)
+
+
+def test_search_enumerates_every_plan_for_16384_gpus_in_under_a_second():
+    m, c = model_preset("llama3-405b"), cluster_preset("h100", nodes=2048)
+    search(m, c, 8192, 16 * 2**20, top=1, full_evaluations=1)  # warm the caches of one-off tables
+    t0 = time.process_time()
+    ranked = search(m, c, 8192, 16 * 2**20, top=1, full_evaluations=1)
+    took = time.process_time() - t0
+    assert ranked and took < 1.0, f"enumerating and ranking every plan took {took:.2f} s of CPU"
+
+
+def test_command_line(capsys):
+    base = ["--gpus", "64", "--model", "llama3-70b", "--seq", "4096", "--batch-tokens", "2M"]
+    assert cli(base + ["--top", "3", "--rejected", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "tokens/s/GPU" in out and " 1 " in out and "rejected plans" in out and "more (--rejected -1" in out
+    assert cli(base + ["--json", "--top", "2"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["ranked"]) == 2 and data["rejected"] and "reason" in data["rejected"][0]
+    assert cli(base + ["--dims", "dp=4,tp=8,pp=2,zero_stage=1,sequence_parallel=true,micro_batches=128,recompute=selective"]) == 0
+    assert "tp  reduce_scatter" in capsys.readouterr().out
+    assert cli(base + ["--dims", "dp=2,tp=16,pp=2"]) == 1
+    assert "tp=16 must divide the 8 K/V heads" in capsys.readouterr().out
+    assert cli(base[:3] + ["megatron-h100-70b"] + base[4:] + ["--dims", "dp=2,tp=16,pp=2,micro_batches=8"]) == 1
+    assert "crosses a node" in capsys.readouterr().out
+    assert cli(base + ["--dims", "dp=2,tx=16"]) == 2
+    assert "unknown field(s) ['tx']" in capsys.readouterr().err
+    assert cli(["--gpus", "64", "--model", "llama3-70b"]) == 2
+    assert "missing --seq, --batch-tokens" in capsys.readouterr().err
+    small = ["--gpus", "8", "--gpus-per-node", "4", "--model", "n_layers=4,d_model=64,n_heads=4,d_ff=256,vocab=512",
+             "--seq", "64", "--batch-tokens", "1K"]
+    assert cli(small + ["--dims", "dp=2,tp=2,pp=2,micro_batches=2", "--run", "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    step = next(r for r in run["comparison"] if r["quantity"] == "step time")
+    assert abs(float(step["error"].rstrip("%"))) < 10
+
+
+@pytest.mark.parametrize("dims", [D(pp=4, dp=2, micro_batches=48, zero_stage=1),
+                                  D(pp=4, dp=2, micro_batches=48, schedule="interleaved_1f1b", v=2),
+                                  D(pp=2, dp=4, micro_batches=40, schedule="zb_h1", zero_stage=3),
+                                  D(pp=4, tp=2, micro_batches=36, schedule="gpipe", sequence_parallel=True),
+                                  D(pp=8, micro_batches=96, zero_stage=0, recompute="full")])
+def test_long_pipelines_are_extended_along_a_line_exactly(dims, monkeypatch):
+    """Past 4 micro-batches per stage, the planner plays two lengths and extends the line;
+    the whole schedule played gives the same step, bubble and memory."""
+    import sys
+
+    c = cluster_for(dims)
+    model = GQA if dims.pp <= 4 else ModelSpec(16, 256, 8, 1024, 2048)
+    short = evaluate(model, c, dims, 256, dims.dp * dims.micro_batches * 256)
+    monkeypatch.setattr(sys.modules["emulator.planner.evaluate"], "steady_cap", lambda p, v=1: 10**6)
+    monkeypatch.setattr(sys.modules["emulator.planner.memory"], "walked_micro_batches", lambda p: 10**6)
+    whole = evaluate(model, c, dims, 256, dims.dp * dims.micro_batches * 256)
+    assert short.step_time == pytest.approx(whole.step_time, rel=1e-9)
+    assert short.bubble == pytest.approx(whole.bubble, rel=1e-9)
+    assert short.memory_peak == whole.memory_peak
+    assert short.stage_memory == whole.stage_memory
+    for a, b in zip(short.comm, whole.comm):
+        assert a["count"] == b["count"] and a["seconds"] == pytest.approx(b["seconds"], rel=1e-9), (a, b)
+
+
+@pytest.mark.parametrize("n,gpus_per_node,piece", [(4, 8, 4096), (8, 4, 65536), (16, 8, 256), (6, 2, 1000)])
+def test_all_to_all_time_is_the_engines(n, gpus_per_node, piece):
+    from emulator import World
+    from emulator.planner.timing import _all_to_all
+
+    topo = Topology.h100(gpus_per_node=gpus_per_node)
+    world = World(n, topology=topo)
+    world.run(lambda comm: comm.all_to_all([np.zeros(piece // 4, np.float32) for _ in range(n)]))
+    assert _all_to_all(piece, tuple(range(n)), topo) == pytest.approx(max(world.stats().time), rel=1e-9)
