@@ -18,7 +18,7 @@ from emulator.parallel.context_parallel.ring import blocks
 from emulator.planner import (ModelSpec, cluster_preset, enumerate_plans, evaluate, model_preset, run_plan,
                               search)
 from emulator.planner.__main__ import main as cli
-from emulator.planner.layers import _ring_cells
+from emulator.planner.layers import _ring_blocks
 from emulator.planner.timing import Timer, ring_collective_time
 
 DENSE = ModelSpec(8, 256, 8, 1024, 2048)
@@ -127,7 +127,8 @@ def test_groups_and_ring_blocks_are_the_runtimes():
             want = tuple(max(sum((q.stop - q.start) * (k.stop - k.start) for q, k, _ in
                                  blocks(rank, (rank - t) % c, c, 8, True, layout)) for rank in range(c))
                          for t in range(c))
-            assert _ring_cells(c, layout, 8) == want
+            got = tuple(sum(q * k for q, k in step) for step in _ring_blocks(c, layout, 8))
+            assert got == want
 
 
 def test_problems_say_what_is_wrong():

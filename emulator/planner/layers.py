@@ -17,7 +17,7 @@ the terms the emulator's modules use (:mod:`emulator.parallel.mesh_model`,
 An op is ``("k", Kernel)`` (timed by the device), ``("flops", n)`` (at the device's peak,
 as ``comm.compute(flops=...)``), ``("c", op, nbytes, group)`` (a collective the rank waits
 for; ``nbytes`` as nccl-tests counts them), ``("a2a", bytes per peer, group)``, or
-``("ring", forward?, [(flops, kv bytes) per step], group)`` (ring attention over ``cp``).
+``("ring", forward?, [(kernels, kv bytes) per step], group)`` (ring attention over ``cp``).
 
 The emulator runs in fp32 what a bf16 model computes (parameters upcast; activations kept
 and handed between layers in bf16), so collectives of computed values are 4 bytes per
@@ -41,6 +41,7 @@ class Layer:
     input: float
     grad_out: float
     ops: dict = field(default_factory=dict)  # "F", "B", "W" -> [op]
+    transient: tuple = (0, 0)  # buffers held only while its forward, its backward, runs (ring attention's K/V)
     times: dict = field(default_factory=dict, repr=False)  # seconds of its passes, by the groups that time them
 
 
@@ -115,12 +116,14 @@ def _attention_core(m, s, dims):
         return kept, [("k", attention(b, h, n, n, dh, 2, frac))], \
             [("k", attention(b, h, n, n, dh, 5 if dims.recompute == "selective" else 4, frac))]
     if dims.cp_attention == "ring":
-        kept = s.comp * b * h * n * dh * 4 + 4 * b * h * n  # q, k, v (as many heads as q), out; lse
-        kv_bytes = 2 * b * h * n * dh * s.comp
-        cells = _ring_cells(dims.cp, dims.cp_layout, n)
-        lead = 2 * b * h * dh  # FLOPs per score cell per product
-        return kept, [("ring", True, tuple((2 * lead * x, kv_bytes) for x in cells), "cp")], \
-            [("ring", False, tuple((5 * lead * x, kv_bytes) for x in cells), "cp")]
+        kept = s.comp * b * n * dh * (2 * h + 2 * kv) + s.comp * b * h * n  # q, k, v (K/V heads), out; lse
+        kv_bytes = 2 * b * kv * n * dh * s.comp  # K and V travel with their own heads
+        blocks = _ring_blocks(dims.cp, dims.cp_layout, n)
+
+        def steps(passes):
+            return tuple((tuple(attention(b * h, 1, q, k, dh, passes) for q, k in step), kv_bytes) for step in blocks)
+
+        return kept, [("ring", True, steps(2), "cp")], [("ring", False, steps(5), "cp")]
     c, S = dims.cp, n * dims.cp  # Ulysses: every position, h / cp heads
     hc = h // c
     piece = b * hc * n * dh * s.comp  # one peer's share of one tensor
@@ -131,17 +134,18 @@ def _attention_core(m, s, dims):
     return kept, fwd, bwd
 
 
-def _ring_cells(c, layout, n):
-    """Per ring step, the score cells (query x key pairs) the busiest rank computes (the
-    ring moves at its pace), counting whole every block of
+def _ring_blocks(c, layout, n):
+    """Per ring step, the (query rows, key rows) blocks the busiest rank computes (the ring
+    moves at its pace), every block of
     :func:`emulator.parallel.context_parallel.ring.blocks` whose keys start before its
-    queries end. Zigzag (chunks i and 2c-1-i of n/2): three half-blocks at step 0 (its own
-    keys), two at every other step, on every rank. Contiguous: one n x n block at every
-    step on the ranks whose source comes earlier, and the last rank's always does."""
+    queries end, computed whole. Zigzag (chunks i and 2c-1-i of n/2): three half-blocks at
+    step 0 (its own keys), two at every other step, on every rank. Contiguous: one n x n
+    block at every step on the ranks whose source comes earlier, and the last rank's
+    always does."""
     if layout == "contiguous":
-        return (n * n,) * c
+        return (((n, n),),) * c
     half = n // 2
-    return (3 * half * half,) + (2 * half * half,) * (c - 1)
+    return (((half, half),) * 3,) + (((half, half),) * 2,) * (c - 1)
 
 
 def _dense_mlp(m, s):
@@ -198,8 +202,10 @@ def _block(m, s, dims):
     kept = s.act * 2 * held + attn_kept + mlp_kept  # the two norms' inputs
     if dims.recompute == "full":
         kept = s.act * held
+    ring = [op[2][0][1] for op in core_f if op[0] == "ring"] if dims.cp > 1 else []
+    transient = (2 * ring[0], 4 * ring[0]) if ring else (0, 0)  # K/V and the arriving block; and dK/dV's two
     return Layer("block", params, partial, kept, s.act * held, s.act * held,
-                 {"F": F, "B": mlp_B + attn_B, "W": mlp_W + attn_W})
+                 {"F": F, "B": mlp_B + attn_B, "W": mlp_W + attn_W}, transient=transient)
 
 
 def rank_layers(model, dims, b, seq_len, param_bytes, names):
@@ -242,7 +248,7 @@ def ops_flops(ops):
         elif op[0] == "flops":
             total += op[1]
         elif op[0] == "ring":
-            total += sum(f for f, _ in op[2])
+            total += sum(k.flops for kernels, _ in op[2] for k in kernels)
     return total
 
 

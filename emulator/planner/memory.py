@@ -13,7 +13,8 @@ The parts, as the emulator's strategies hold them (:mod:`emulator.parallel.ddp`,
   layer by layer as backward passes (a split backward keeps them, and the output
   gradients, until ``W``);
 * ``buffers``: ZeRO-3's gathered layer while it is used, ZeRO-2/3's full gradient while it
-  is reduce-scattered.
+  is reduce-scattered, ring attention's K/V blocks (two in forward, with dK/dV four in
+  backward) while its core runs.
 
 :func:`stage_peaks` walks each pipeline rank's actions (the schedule's own lists) layer by
 layer and returns every rank's peak and its breakdown, as the ledger records them.
@@ -57,7 +58,7 @@ class Units:
             self.per_layer.append((grads, gathered, fullgrad))
 
 
-def _profile(kept, units, kind, first, grad_out, held, release):
+def _profile(kept, units, kind, first, grad_out, held, release, transient):
     """(peak over the action of (activations, grads, buffers) changes, net change) for one
     pass over a chunk's layers: ``kind`` F, B (unsplit or ``"B-split"``) or W. ``held``:
     ZeRO-3's gathered layers are still held from an earlier split ``B`` (shared, not
@@ -74,16 +75,17 @@ def _profile(kept, units, kind, first, grad_out, held, release):
     gathered = [0 if held else units.per_layer[i][1] for i in range(len(kept))]
     if kind == "F":
         for i in range(len(kept)):
-            buf += gathered[i]
+            buf += gathered[i] + transient[i][0]
             check()
-            buf -= gathered[i]
+            buf -= gathered[i] + transient[i][0]
             a += kept[i]
             check()
         return best, (a, g, buf)
     if kind == "B-split":
         for i in rev:
-            buf += gathered[i]
+            buf += gathered[i] + transient[i][1]
             check()
+            buf -= transient[i][1]
         a += grad_out
         check()
         return best, (a, g, buf)
@@ -92,8 +94,9 @@ def _profile(kept, units, kind, first, grad_out, held, release):
     for i in rev:  # B unsplit, or W: release the layer, then hand its gradients on
         grads, full_layer, fullgrad = units.per_layer[i]
         if kind == "B":
-            buf += full_layer
+            buf += full_layer + transient[i][1]
             check()
+            buf -= transient[i][1]
         a -= kept[i]
         if kind == "B" or release:
             buf -= full_layer
@@ -144,6 +147,7 @@ def stage_peaks(stage_layers, dims, param_bytes=2, mixed=True):
         static = {"params": sum(u.params for u in units), "optimizer": sum(u.optimizer for u in units)}
         kept = [[(x.input if full else x.kept) for x in ls] for ls in layers]
         grad_out = [sum(x.grad_out for x in ls) for ls in layers]
+        transient = [[x.transient for x in ls] for ls in layers]
         profiles, keys = {}, []
         held = zero3_held(actions[r], split) if dims.zero_stage == 3 else [(False, True)] * len(actions[r])
         seen = set()
@@ -154,7 +158,8 @@ def stage_peaks(stage_layers, dims, param_bytes=2, mixed=True):
                 seen.add(c)
             key = (k, c, first, h, release)
             if key not in profiles:
-                profiles[key] = (len(profiles), _profile(kept[c], units[c], k, first, grad_out[c], h, release))
+                profiles[key] = (len(profiles), _profile(kept[c], units[c], k, first, grad_out[c], h, release,
+                                                         transient[c]))
             keys.append(profiles[key][0])
         table = sorted(profiles.values())
         peaks = np.array([pk for _, (pk, _) in table])[keys]  # (actions, 3): the peak inside each action

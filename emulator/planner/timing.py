@@ -24,7 +24,9 @@ books ports and makes one wait.
 
 from functools import lru_cache
 
-from ..cost import RING_STEPS, collective_time, p2p_time
+import numpy as np
+
+from ..cost import RING_STEPS, all_to_all_time, collective_time, p2p_time
 
 
 class Ranks(tuple):
@@ -177,13 +179,10 @@ def _ring_loads(ranks, topology):
 
 @lru_cache(maxsize=2048)
 def _all_to_all(piece, ranks, topology):
-    """Pairwise exchange: n - 1 steps, each as long as its slowest message
-    (:mod:`emulator.algorithms.all_to_all`). A group's ranks run in order, a node's
-    together, so when the group spans nodes every step has a pair that crosses: every step
-    then takes the NIC's time, else NVLink's."""
+    """Every send and receive in flight at once, as NCCL groups them: the busiest port's
+    time (:func:`emulator.cost.all_to_all_time`), ``piece`` bytes between every pair."""
     n = len(ranks)
-    crosses = len({r // topology.gpus_per_node for r in ranks}) > 1
-    return (n - 1) * (topology.nic if crosses else topology.nvlink).time(piece)
+    return all_to_all_time(np.full((n, n), float(piece)), ranks, topology)
 
 
 @lru_cache(maxsize=2048)
@@ -196,8 +195,8 @@ def _ring(forward, steps, ranks, topology):
     hop = (topology.nic if crosses else topology.nvlink).time(steps[0][1])
     back = 0.0 if forward else hop
 
-    def step(flops, shift):
-        return max(flops / topology.flops, shift) + back
+    def step(kernels, shift):
+        return max(sum(topology.device.time(k) for k in kernels), shift) + back
 
     first = step(steps[0][0], hop if n > 1 else 0.0)
     if n == 1:
