@@ -316,7 +316,7 @@ show("TP 2, PP 8, DP 4 without SP or recomputation", ParallelDims(dp=4, tp=2, pp
 #
 # Mixture of experts: Mixtral 8x22B's shape with EP 8, the same plan on nodes of 8 GPUs
 # (the all-to-all inside a node) and of 2 (across four nodes). The all-to-alls that cross
-# nodes make the same step half again as long:
+# nodes make the same step about 40% longer:
 
 # %%
 mixtral = model_preset("mixtral-8x22b")
@@ -484,8 +484,10 @@ print(f"{sum(abs(q / p - 1) <= 0.15 for _, p, q in rows)} of {len(rows)} within 
 # attention as FlashAttention-2, which did not exist yet. The H100 rows with TP 8 and one
 # or two stages come out slow: the emulator sends every tensor-parallel collective
 # unhidden and in fp32, where Megatron overlaps them with GEMMs and sends bf16. Llama 3's
-# long-context row is far off: the emulator's ring attention moves fp32 K/V repeated for
-# every query head, 32 times the bytes of Llama 3's all-gather of bf16 K/V.
+# row on 8,192 GPUs comes out slow: with the emulator's activations (its SwiGLU keeps the
+# gate, the up projection and their product) the interleaved schedule Llama 3 used fits
+# only with full recomputation there, and the planner's faster pick, plain 1F1B with 32
+# micro-batches per replica, idles about a third of its step in the bubble.
 #
 # **Llama 3 405B** (the Llama 3 paper, section 3.3.2 and Table 4) pretrained on 16,384 H100s
 # with TP 8, CP 1, PP 16, DP 128, and extended its context to 131,072 tokens with CP 16 and
@@ -508,8 +510,8 @@ for name, e in (("pretraining, 8k tokens", pre), ("long context, 131k tokens", l
 # Both meshes fit (the long one with full recomputation here). The tensor-parallel messages
 # are the same size in both, since each GPU holds 8,192 positions either way (the long mesh
 # sends more of them, recomputing every layer's forward); the long one adds the
-# context-parallel ring across nodes, which in the emulator carries fp32 K/V for every query
-# head and costs most of its step.
+# context-parallel ring across nodes, which carries each step's K/V heads only (8 of them,
+# against 128 query heads) and costs about a fifth of its step.
 #
 # **Other published meshes.** Which axes each run used: DeepSeek-V3 trained on 2,048 H800s with
 # EP 64 spread over 8 nodes, PP 16, no TP, and ZeRO-1 (its technical report, section 3.2).
