@@ -54,24 +54,22 @@ def pairs(text, what):
     return out
 
 
-def model_of(text):
-    if "=" not in text:
-        return model_preset(text)
-    kw = pairs(text, "model")
-    known = {f.name for f in fields(ModelSpec)}
+def built(cls, text, what):
+    """`cls(**pairs)` from a --what flag's text, naming any field `cls` does not have."""
+    kw = pairs(text, what)
+    known = {f.name for f in fields(cls)}
     unknown = sorted(set(kw) - known)
     if unknown:
-        raise ConfigError(f"--model: unknown field(s) {unknown}; a shape takes {sorted(known)}")
-    return ModelSpec(**kw)
+        raise ConfigError(f"--{what}: unknown field(s) {unknown}; {cls.__name__} takes {sorted(known)}")
+    return cls(**kw)
+
+
+def model_of(text):
+    return model_preset(text) if "=" not in text else built(ModelSpec, text, "model")
 
 
 def dims_of(text):
-    kw = pairs(text, "dims")
-    known = {f.name for f in fields(ParallelDims)}
-    unknown = sorted(set(kw) - known)
-    if unknown:
-        raise ConfigError(f"--dims: unknown field(s) {unknown}; ParallelDims takes {sorted(known)}")
-    return ParallelDims(**kw)
+    return built(ParallelDims, text, "dims")
 
 
 def parser():
