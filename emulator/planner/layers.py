@@ -118,12 +118,8 @@ def _attention_core(m, s, dims):
     if dims.cp_attention == "ring":
         kept = s.comp * b * n * dh * (2 * h + 2 * kv) + s.comp * b * h * n  # q, k, v (K/V heads), out; lse
         kv_bytes = 2 * b * kv * n * dh * s.comp  # K and V travel with their own heads
-        blocks = _ring_blocks(dims.cp, dims.cp_layout, n)
-
-        def steps(passes):
-            return tuple((tuple(attention(b * h, 1, q, k, dh, passes) for q, k in step), kv_bytes) for step in blocks)
-
-        return kept, [("ring", True, steps(2), "cp")], [("ring", False, steps(5), "cp")]
+        fwd, bwd = (_ring_steps(b * h, dh, dims.cp, dims.cp_layout, n, kv_bytes, passes) for passes in (2, 5))
+        return kept, [("ring", True, fwd, "cp")], [("ring", False, bwd, "cp")]
     c, S = dims.cp, n * dims.cp  # Ulysses: every position, h / cp heads
     hc = h // c
     piece = b * hc * n * dh * s.comp  # one peer's share of one tensor
@@ -132,6 +128,13 @@ def _attention_core(m, s, dims):
     fwd = [("a2a", piece, "cp")] * 3 + [("k", attention(b, hc, S, S, dh, 2, frac))] + [("a2a", piece, "cp")]
     bwd = [("a2a", piece, "cp")] + [("k", attention(b, hc, S, S, dh, 4, frac))] + [("a2a", piece, "cp")] * 3
     return kept, fwd, bwd
+
+
+@lru_cache(maxsize=1024)
+def _ring_steps(bh, dh, c, layout, n, kv_bytes, passes):
+    """Each ring step's attention kernels (``bh`` = batch x heads) and the K/V bytes it passes on."""
+    return tuple((tuple(attention(bh, 1, q, k, dh, passes) for q, k in step), kv_bytes)
+                 for step in _ring_blocks(c, layout, n))
 
 
 def _ring_blocks(c, layout, n):
