@@ -63,12 +63,13 @@
 # by its name:
 #
 # ```
-# lessons/03_pipeline.ipynb: 2 of 5 exercises passed (ran in 25 s)
+# lessons/03_pipeline.ipynb: 2 of 6 exercises passed (ran in 23 s)
 #   PASS           Problem 8.2: micro-batches for a small bubble
 #   PASS           Exercise 3.1: 1F1B as data
-#   FAIL           Napkin 3.1: memory against bubble: (GPipe's micro-batches, p=8, per_micro_batch=2e+09, budget=4e+10, max_m=256): expected 20, got 21 (a whole number, compared exactly)
+#   FAIL           Napkin 3.1: memory against bubble: (1F1B's micro-batches, p=16, per_micro_batch=2e+09, budget=2.4e+10, max_m=256): expected 12, got 256: 1F1B's first stage holds min(p, m) micro-batches, and 16 of them (3.2e+10 bytes) do not fit in 2.4e+10; with fewer than p in flight it can run only as many as GPipe
 #   NOT ATTEMPTED  Exercise 3.2: the per-rank loop
-#   NOT ATTEMPTED  Exercise 3.3: the data-parallel average of a stage's gradients
+#   NOT ATTEMPTED  Exercise 3.3: zero bubble (ZB-H1) from 1F1B
+#   NOT ATTEMPTED  Exercise 3.4: the data-parallel average of a stage's gradients
 # ```
 #
 # A failing check does not stop the others: every exercise is graded. `make grade` with no

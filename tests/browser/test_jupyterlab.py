@@ -268,8 +268,8 @@ def test_run_all_on_an_untouched_lesson_reaches_its_summary(lab):
     summary.scroll_into_view_if_needed()
     summary.screenshot(path=str(shot("summary")))
     text = summary.inner_text()
-    assert "0 of 5 exercises passed" in text and "not attempted  Exercise 3.1: 1F1B as data" in text, text
-    assert "NotAllPassed: 0 of 5 exercises passed" in text and "Traceback" not in text, text
+    assert "0 of 6 exercises passed" in text and "not attempted  Exercise 3.1: 1F1B as data" in text, text
+    assert "NotAllPassed: 0 of 6 exercises passed" in text and "Traceback" not in text, text
     J.save(page)
     ran = nbformat.read(nbdir / "student_03_pipeline.ipynb", 4)
     failing = [c.metadata.get("tags") for c in ran.cells if c.cell_type == "code"
@@ -290,7 +290,7 @@ def test_a_wrong_answer_stops_run_all_at_its_check_with_the_message_first(lab):
     cell.scroll_into_view_if_needed()
     cell.screenshot(path=str(shots_for("student_wrong_answer")("problem_8_2")))
     lines = [line for line in error.inner_text().splitlines() if line.strip()]
-    assert lines[0].startswith("CheckFailed: Problem 8.2 (micro-batches, bubble over ideal time"), lines
+    assert lines[0].startswith("CheckFailed: Problem 8.2 (micro-batches, bubble over the ideal time"), lines
     assert "expected 220, got 209" in lines[0] and len(lines) == 1, lines
     assert "grade.problem_8_2" in cell.inner_text()
 
