@@ -16,7 +16,7 @@
 import argparse
 import time
 
-from emulator.planner.published import RUNS, predict, uncharged_seconds, unfused_scores_seconds
+from emulator.planner.published import RUNS, exposed_seconds, predict, uncharged_seconds, unfused_scores_seconds
 
 TARGET = 0.15
 
@@ -30,7 +30,10 @@ WHY = {
                    "does not charge (bias-dropout-adds, the loss's softmax over the vocabulary, the optimizer's "
                    "update) at the device's HBM rate, and the gap; the rest is outside what the emulator models",
     "tp": "the emulator's tensor-parallel collectives are all exposed and carry fp32 values (it computes a bf16 "
-          "model in fp32); Megatron overlaps them with GEMMs (--tp-comm-overlap, in the README) and sends bf16",
+          "model in fp32), and ZeRO-1's reduce-scatter and all-gather over dp wait after the last backward; the "
+          "README says Megatron overlapped all three with compute (--tp-comm-overlap, --overlap-grad-reduce, "
+          "--overlap-param-gather) and it sends bf16. Per row, as shares of the predicted step: the exposed "
+          "tensor-parallel collectives, the exposed data-parallel ones, and the gap",
     "cp": "the emulator's ring sends K and V in fp32 and repeated for every query head (16 per tensor-parallel rank "
           "here); Llama 3 all-gathers bf16 K/V of its 8 K/V heads (section 3.3.2): 32 times fewer bytes",
     "memory": "with the emulator's activations (its SwiGLU keeps the gate, the up projection and their product), "
@@ -47,7 +50,8 @@ def why(run, est, err):
         return "", {}
     # the gap: published step over predicted, less one (= predicted rate over published, less one)
     shares = dict(uncharged=uncharged_seconds(run, est) / est.step_time,
-                  scores=unfused_scores_seconds(run, est) / est.step_time, gap=err)
+                  scores=unfused_scores_seconds(run, est) / est.step_time, gap=err,
+                  tp=exposed_seconds(est, "tp") / est.step_time, dp=exposed_seconds(est, "dp") / est.step_time)
     if run.cp > 1:
         return "cp", shares
     if err > 0:
@@ -80,6 +84,9 @@ def published_table():
     print("Rows marked * differ by more, for these reasons:")
     for reason, rows in reasons.items():
         print(f"  - {', '.join(model for model, _ in rows)}: {WHY[reason]}")
+        if reason == "tp":
+            for model, shares in rows:
+                print(f"      {model:20s} tp {shares['tp']:4.0%}, dp {shares['dp']:4.0%}, gap {shares['gap']:4.0%}")
         if reason in ("scores", "unexplained"):
             for model, shares in rows:
                 scores = f"scores {shares['scores']:4.0%}, " if reason == "scores" else ""

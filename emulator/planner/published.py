@@ -14,7 +14,10 @@ differently, so the prediction is counted the same way as the row it stands besi
   Core r0.8.0): GPT models of 1.7B to 462B on H100 with data parallelism 48, sequence 4096,
   vocabulary 131,072; teraFLOP/s counted by ``num_floating_point_operations`` of
   ``megatron/training/training.py`` at that commit: 12 B s l h^2 ((2 + s/h) + 4 + V/(2 l h))
-  for these models (no recomputation counted: MFU).
+  for these models (no recomputation counted: MFU). The README says these runs overlapped
+  data-parallel (``--overlap-grad-reduce --overlap-param-gather``), tensor-parallel
+  (``--tp-comm-overlap``) and pipeline communication with compute; in the plans priced here
+  (ZeRO-1), the emulator leaves the first two exposed.
 * **Llama 3 405B** (Dubey et al. 2024, arXiv:2407.21783), section 3.3.2 and Table 4: 8,192
   and 16,384 H100s, TP 8, PP 16, CP 1 or 16, 16M tokens per step; BF16 MFU 43%, 41%, 38%.
   Counted here as the planner's MFU counts (6N plus attention over the whole sequence).
@@ -131,6 +134,12 @@ def unfused_scores_seconds(run, est):
     m, d = est.model, est.dims
     scores = m.n_heads / d.tp * run.seq_len ** 2 * run.batch / (d.dp * d.cp) * m.n_layers / d.pp
     return 52 * scores / cluster_preset(run.cluster, nodes=run.gpus // 8).device.achieved_hbm
+
+
+def exposed_seconds(est, axis):
+    """Seconds of ``est``'s step spent in collectives over ``axis`` ("tp", "pp" or "dp",
+    which counts the dp x cp groups) that no compute hides."""
+    return sum(row["exposed"] for row in est.comm if row["axis"].split(",")[0] == axis)
 
 
 def settings(base, n_layers):
