@@ -338,3 +338,29 @@ def test_memory_vs_bubble_check(capsys):
         return m_g, (p - 1) / (m_g + p - 1), m_1, (p - 1) / (m_1 + p - 1)
 
     g.napkin_memory_vs_bubble(min_of_p_and_m)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_a_batch_waited_whole_runs_every_schedule_but_interleaving_past_2p(p):
+    """What the executor's docstring and lesson 03 say of NCCL's one handle per batch: the
+    receive-with-previous-sends pairing still runs GPipe, 1F1B and ZB-H1 for every m, and
+    interleaved 1F1B for m < 2p; from m = 2p on, two neighbours wait for each other."""
+    from emulator import DeadlockError, World, nn
+    from emulator.training import synthetic_batches
+
+    loop = loop_variant(wait_whole_batch=True)
+    for name in ("gpipe", "1f1b", "zb_h1", "interleaved_1f1b"):
+        v = 2 if name == "interleaved_1f1b" else 1
+        model = nn.GPT(vocab=16, d_model=8, n_heads=2, d_ff=16, n_layers=p * v, max_seq=4)
+        params = model.init(np.random.default_rng(0))
+        for m in range(1, 3 * p + 1):
+            try:
+                sched = pp.schedule(name, p, m, v) if v > 1 else pp.schedule(name, p, m)
+            except ValueError:  # a shape torch's interleaved schedule does not build either
+                continue
+            (x, y), = synthetic_batches(1, m, 4, 16, seed=1)
+            if name == "interleaved_1f1b" and m >= 2 * p:
+                with pytest.raises(DeadlockError):
+                    pp.run(World(p), model, params, sched, x, y, loop=loop)
+            else:
+                pp.run(World(p), model, params, sched, x, y, loop=loop)

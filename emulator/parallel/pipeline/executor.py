@@ -1,11 +1,16 @@
 """One executor for every schedule: each rank walks its list of actions.
 
 For each action the rank receives its input (if another rank produces it), computes,
-sends its output on, and frees a micro-batch's activations once its backward is done. Messages are posted with ``batch_isend_irecv``, the receive for the
-next action together with the send of the last one, as Megatron pairs them
+sends its output on, and frees a micro-batch's activations once its backward is done.
+Messages are posted with ``batch_isend_irecv``, the receive for the next action together
+with the send of the last one, as Megatron pairs them
 (``send_forward_recv_backward`` and friends): on NCCL, as here, a lone blocking send
 would wait for its receiver, and two neighbours sending to each other at once would wait
-forever. Sends are waited for at the end of the step.
+forever. Sends are waited for at the end of the step. On NCCL a batch completes as one
+(waiting for its receive waits for its sends too); under that rule this pairing still runs
+GPipe, 1F1B and ZB-H1, but interleaved 1F1B with m >= 2p would hang, which is why
+Megatron puts an interleaved step's forward and backward messages in one batch (lesson 03,
+section 5). The emulator completes a batch's sends and receive separately.
 
 ``run(world, model, params, schedule, x, y)`` runs one step of ``schedule`` on a world of
 ``p`` ranks and reports, if the ranks end up waiting on each other, the action each one
