@@ -517,7 +517,7 @@ for run, e, tf in missed:
 # for most of it, for 1T for a third. The H100 1.7B row is not explained: what the
 # emulator leaves out is an eighth of that short step, not the 70% it missed by. In the
 # two slow H100 rows the exposed collectives are more than the gap: sent in bf16 and
-# mostly hidden, as Megatron runs them, they would close it. Llama 3's row on 8,192 GPUs
+# mostly hidden, as Megatron runs them, they could close it. Llama 3's row on 8,192 GPUs
 # is slow for memory: with the emulator's activations (its SwiGLU keeps the gate, the up
 # projection and their product) the interleaved schedule Llama 3 used fits only with full
 # recomputation there, and the planner's faster pick, plain 1F1B, idles about a third of
