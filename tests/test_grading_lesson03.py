@@ -295,6 +295,22 @@ def test_problem_8_2_check(capsys):
     with pytest.raises(CheckFailed, match="a number of micro-batches is whole"):
         g.problem_8_2(unrounded)
 
+    def swapped(p=12, target=0.05, seqs_per_micro=4):  # the two definitions of the bubble the other way round
+        m, _, mt = right(p, target, seqs_per_micro)
+        return mt, mt * seqs_per_micro, m
+
+    with pytest.raises(CheckFailed, match=r"expected 220, got 209: that is the count for the bubble as a share of "
+                                          r"the whole step; this number asks for it over the ideal time"):
+        g.problem_8_2(swapped)
+
+    def total_first(p=12, target=0.05, seqs_per_micro=4):  # right first count, the third one over ideal time
+        m = right(p, target, seqs_per_micro)[0]
+        return m, m * seqs_per_micro, m
+
+    with pytest.raises(CheckFailed, match=r"idle share of the step.*expected 209, got 220: that is the count for the "
+                                          r"bubble over the ideal time"):
+        g.problem_8_2(total_first)
+
 
 def test_memory_vs_bubble_check(capsys):
     def right(p=8, per_micro_batch=2e9, budget=40e9, max_m=256):

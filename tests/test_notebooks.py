@@ -178,7 +178,8 @@ def test_a_wrong_answer_is_reported_at_its_check_message_first():
     assert err.ename == "CheckFailed"
     assert err.traceback == [f"CheckFailed: {err.evalue}"]
     assert err.evalue.startswith("Problem 8.2 (micro-batches, bubble over the ideal time, p=12, target=0.05")
-    assert err.evalue.endswith("): expected 220, got 209"), err.evalue
+    assert err.evalue.endswith("): expected 220, got 209: that is the count for the bubble as a share of the whole "
+                               "step; this number asks for it over the ideal time"), err.evalue
 
     nb = with_answers(PIPELINE, wrong=swap)
     execute(nb, allow_errors=True)

@@ -305,6 +305,11 @@ def problem_8_2_answer(p, target, seqs_per_micro):
 
 def _rounding_hint(case, i, got):
     p, target = case["p"], case["target"]
+    ideal, total = (formulas.micro_batches_for_bubble(p, target, of=of) for of in ("ideal", "total"))
+    if i in (0, 2) and ideal != total and float(got[i]) == (total if i == 0 else ideal):
+        return (": that is the count for the bubble as a share of the whole step; this number asks for it over "
+                "the ideal time" if i == 0 else ": that is the count for the bubble over the ideal time; this "
+                "number asks for the idle share of the whole step")
     bound = {0: (p - 1) / target, 2: (p - 1) * (1 - target) / target}.get(i)
     if bound is None or float(bound).is_integer():
         return ""
