@@ -34,8 +34,8 @@ WHY = {
           "README says Megatron overlapped all three with compute (--tp-comm-overlap, --overlap-grad-reduce, "
           "--overlap-param-gather) and it sends bf16. Per row, as shares of the predicted step: the exposed "
           "tensor-parallel collectives, the exposed data-parallel ones, and the gap",
-    "cp": "the emulator's ring sends K and V in fp32 and repeated for every query head (16 per tensor-parallel rank "
-          "here); Llama 3 all-gathers bf16 K/V of its 8 K/V heads (section 3.3.2): 32 times fewer bytes",
+    "cp": "the emulator's ring sends its K/V heads in fp32 (it computes a bf16 model in fp32), twice the bytes of "
+          "Llama 3's bf16 all-gather of its 8 K/V heads (section 3.3.2), and passes them around the ring",
     "memory": "with the emulator's activations (its SwiGLU keeps the gate, the up projection and their product), "
               "the interleaved schedule Llama 3 used (section 3.3.2) fits at 32 micro-batches per replica only with "
               "full recomputation; the planner's faster choice, 1F1B, idles 32% of the step in its bubble",
@@ -56,7 +56,7 @@ def why(run, est, err):
         return "cp", shares
     if err > 0:
         return ("scores" if run.flops == "narayanan" else "unexplained"), shares
-    if run.tp > 1 and err < 0 and run.pp <= 2:
+    if run.tp > 1 and run.pp <= 2:  # slow (err < 0 here)
         return "tp", shares
     if run.flops == "mfu":
         return "memory", shares

@@ -123,7 +123,7 @@ def uncharged_seconds(run, est):
     loss = 4 * tokens * m.vocab / d.tp * 4
     shards = d.tp * d.pp * (d.dp * d.cp if d.zero_stage >= 1 else 1)
     optimizer = 18 * m.params() / shards
-    return (elementwise + loss + optimizer) / cluster_preset(run.cluster, nodes=run.gpus // 8).device.achieved_hbm
+    return (elementwise + loss + optimizer) / est.cluster.device.achieved_hbm
 
 
 def unfused_scores_seconds(run, est):
@@ -133,7 +133,7 @@ def unfused_scores_seconds(run, est):
     twice that in backward and once more for full recomputation: 52 bytes."""
     m, d = est.model, est.dims
     scores = m.n_heads / d.tp * run.seq_len ** 2 * run.batch / (d.dp * d.cp) * m.n_layers / d.pp
-    return 52 * scores / cluster_preset(run.cluster, nodes=run.gpus // 8).device.achieved_hbm
+    return 52 * scores / est.cluster.device.achieved_hbm
 
 
 def exposed_seconds(est, axis):
