@@ -46,6 +46,7 @@ class Clock:
     def __init__(self, n, topology, patterns, representative=None, deadline=None):
         self.n, self.topology = n, topology
         self.compute = [0.0] * n
+        self.host = [0.0] * n  # when each rank's host has issued what it issued so far
         self.deadline = list(deadline) if deadline is not None else [math.inf] * n  # when a rank dies
         self.streams = {}  # (rank, stream name) -> when that stream is free
         self.events = []  # (rank, stream, kind, name, start, end, group)
@@ -73,6 +74,34 @@ class Clock:
         self.compute[rank] = max(t, end)
         if t + seconds > self.deadline[rank]:
             raise RankDied(rank, self.deadline[rank])
+
+    def kernels(self, rank, durations, name, dispatch):
+        """Run kernels of ``durations`` seconds on ``rank``'s compute stream, each issued by
+        the host ``dispatch`` seconds after the previous one: a kernel starts when both the
+        stream is free and the host has issued it (the GPU waits for a slow host)."""
+        t, h = self.compute[rank], self.host[rank]
+        start = None
+        for d in durations:
+            h += dispatch
+            s = t if t >= h else h
+            if start is None:
+                start = s
+            t = s + d
+        self.host[rank] = h
+        if start is None:
+            return
+        if start > self.compute[rank]:
+            self.join(rank, start, "the host")
+        self.advance(rank, t - start, name)
+
+    def issue(self, rank, dispatch):
+        """The host issues a collective: it is ready no earlier than that."""
+        self.host[rank] += dispatch
+        return self.host[rank]
+
+    def sync_host(self, rank):
+        """The host waits for the GPU (it reads a result: the step's loss)."""
+        self.host[rank] = max(self.host[rank], self.compute[rank])
 
     def join(self, rank, end, what):
         """``rank`` waits for an operation that ends at ``end``."""

@@ -12,6 +12,7 @@ import numpy as np
 from ..algorithms import all_to_all as A
 from ..algorithms import step_plans as P
 from ..records.calls import Call
+from .charging import Declared, WorkMismatch
 from .clock import collective_stream
 from ..errors import CollectiveMismatchError, ConfigError, GroupError, PeerError, ShapeError
 from .p2p import PointToPoint
@@ -139,6 +140,53 @@ class Comm(PointToPoint):
         dur *= self._world.faults.slowdown[self.global_rank]  # a straggler (emulator.engine.faults)
         self._world.clock.advance(self.global_rank, dur, name)
 
+    # ----------------------------------------------------------------- declared work
+    @property
+    def stack(self):
+        """The software stack this run's declared work is charged as (:mod:`emulator.machine.stack`)."""
+        return self._world.stack
+
+    @property
+    def precision(self):
+        """The run's precision policy (None: every number as the arrays hold it)."""
+        return self._world.precision
+
+    def work_context(self, array_dtype):
+        """The :class:`~emulator.machine.stack.Context` of a module whose arrays are ``array_dtype``."""
+        from ..machine.precision import native
+        from ..machine.stack import Context
+        from ..machine.work import dtype_name
+
+        policy = self._world.precision or native(array_dtype)
+        return Context(self._world.stack, policy, dtype_name(array_dtype))
+
+    def declared(self, build, what):
+        """``with comm.declared(lambda: work.forward, "block forward"):`` opens a declared pass
+        (:mod:`emulator.engine.charging`) unless one is open on this rank already."""
+        return Declared(self, build, what)
+
+    def charge(self, name):
+        """Advance this rank's clock by the declared kernels called ``name`` of the open pass."""
+        open_ = self._world._charges[self.global_rank]
+        if not open_:
+            raise WorkMismatch(f"rank {self.global_rank}: charge({name!r}) outside a declared pass")
+        kernels = open_[-1].take(name)
+        w = self._world
+        device, stack = w.topology.device, w.stack
+        slow = w.faults.slowdown[self.global_rank]
+        times = [(device.time(k) + (stack.launch if k.kind == "memory" else 0.0)) * slow for k in kernels]
+        w.clock.kernels(self.global_rank, times, name, stack.dispatch)
+
+    def replace_declared(self, name, kernels):
+        """Swap the open pass's declared ``name`` kernels for ``kernels`` (known only as it runs)."""
+        open_ = self._world._charges[self.global_rank]
+        if open_:
+            open_[-1].replace(name, kernels)
+
+    def sync_host(self):
+        """The host waits for this rank's GPU (it reads a value back)."""
+        self._world.clock.sync_host(self.global_rank)
+
     def storage(self, seconds, name="storage", background=False):
         """Time on storage (a checkpoint's write or read): on the compute stream, which
         waits; or, ``background=True``, on this rank's ``storage`` stream while compute
@@ -182,6 +230,8 @@ class Comm(PointToPoint):
                 f"every rank of a group must make the same calls in the same order")
         rv.inputs[self.rank] = payload
         rv.ready[me] = w.clock.compute[me]
+        if w._charges[me]:  # inside a declared pass the host issues it: not before the host gets there
+            rv.ready[me] = max(rv.ready[me], w.clock.issue(me, w.stack.dispatch))
         if len(rv.inputs) == self._live_count():
             del w._pending[(key, seq)]
             self._complete(rv, run)

@@ -66,11 +66,19 @@ class World:
     ``"ring"``, ``"tree"`` or ``"naive"``. ``faults``: :class:`~emulator.engine.faults.RankFailure`
     and :class:`~emulator.engine.faults.Straggler` entries; ``watchdog_timeout``: seconds a
     rank waits in an operation before its watchdog takes it down (ProcessGroupNCCL's 600).
+    ``stack``: the software stack the modules' declared work is charged as (a name or a
+    :class:`~emulator.machine.stack.Stack`; None: ``"megatron-core"``); ``precision``: the
+    policy the modules cast their payloads to (None: every number as the arrays hold it).
     """
 
     def __init__(self, n=None, mesh=None, topology=None, algorithm="ring", fold=(), faults=(),
-                 watchdog_timeout=DEFAULT_WATCHDOG_TIMEOUT):
+                 watchdog_timeout=DEFAULT_WATCHDOG_TIMEOUT, stack=None, precision=None):
+        from ..machine.precision import precision_preset
+        from ..machine.stack import stack_preset
+
         n, self.mesh, self.topology = _mesh_and_topology(n, mesh, topology)
+        self.stack = stack_preset(stack)
+        self.precision = None if precision is None else precision_preset(precision)
         if not (isinstance(n, (int, np.integer)) and n >= 1):
             raise ConfigError(f"World needs a positive number of ranks, got {n!r}")
         P.check_algorithm(algorithm, who="World: ")
@@ -111,6 +119,8 @@ class World:
         self.clock = Clock(n, self.topology, self._patterns, self.representative, self.faults.deadline)
         self.memory = [MemoryLedger(r, self._clock_of(r)) for r in range(n)]
         self.calls = [[] for _ in range(n)]  # per rank, the Calls it issued (emulator.records.calls)
+        self._charges = [[] for _ in range(n)]  # per rank, the declared passes open (emulator.engine.charging)
+        self.charged = [[] for _ in range(n)]  # per rank, (pass, [(name, kernels)]) as charged
         self._pending = {}  # (group ranks, seq) -> Rendezvous
         self._seq = {}  # (group ranks, global rank) -> next sequence number
         self._p2p = {}  # (group ranks, src, dst) -> (posted sends, posted recvs)

@@ -24,6 +24,7 @@ import numpy as np
 from ..engine.shape_only import contiguous, is_shape_only
 from ..errors import ConfigError
 from ..machine.kernels import attention as attention_kernel
+from ..machine.work import AllToAll, Attention, Gemm, Memory, RingAttention, Work, dtype_bytes
 from ..nn.attention import repeat_kv, sum_kv
 from ..nn.attention_core import softmax
 from ..nn.dropout import apply as drop, dropout_mask
@@ -171,3 +172,85 @@ class UlyssesCore:
         n, g = c["n"], c["group"]
         dq, dk, dv = (self._to_positions(t, n) for t in (ds @ kh, ds.swapaxes(-1, -2) @ qh, dv))
         return dq, sum_kv(dk, g), sum_kv(dv, g)
+
+
+# ----------------------------------------------------------------- the declaration of its work
+def causal_share(n):
+    """Share of an n x n causal mask a fused kernel computes (the diagonal's half blocks included)."""
+    return (n + 1) / (2 * n)
+
+
+def _unfused(s, ctx, b, h, n, dh):
+    """Attention as Megatron ran it before FlashAttention: Q K^T as a batched GEMM whose
+    scores go to HBM, the fused scale-mask-softmax (or the ops apart), dropout, then P V;
+    backward the four products, the dropout's and the softmax's backward; selective
+    recomputation first recomputes the scores and the softmax."""
+    c = ctx.dtype("compute")
+    cb, scores = dtype_bytes(c), b * h * n * n
+    mask = scores if s.dropout else 0
+    if ctx.stack.has("softmax"):
+        soft = (Memory("attention: scale-mask-softmax", "softmax", scores * cb, scores * cb),)
+        soft_b = (Memory("attention: softmax backward", "softmax", 2 * scores * cb, scores * cb),)
+    else:
+        soft = (Memory("attention: scale-mask-softmax: scale", "softmax", scores * cb, scores * cb),
+                Memory("attention: scale-mask-softmax: mask", "softmax", scores * cb, scores * cb),
+                Memory("attention: scale-mask-softmax: softmax", "softmax", 2 * scores * cb, scores * cb))
+        soft_b = (Memory("attention: softmax backward", "softmax", 2 * scores * cb, scores * cb),
+                  Memory("attention: softmax backward: scale", "softmax", scores * cb, scores * cb))
+    drop = (Memory("attention: dropout", "dropout", scores * cb, scores * cb + mask),) if s.dropout else ()
+    drop_b = (Memory("attention: dropout backward", "dropout", scores * cb + mask, scores * cb),) if s.dropout else ()
+    qk = Gemm("attention: scores Q K^T", n, n, dh, c, count=b * h)
+    F = (qk,) + soft + drop + (Gemm("attention: probs @ V", n, dh, n, c, count=b * h),)
+    again = ((Gemm("attention: scores again", n, n, dh, c, count=b * h),) + tuple(
+        Memory(x.name.replace("attention:", "attention: again:"), x.op, x.read, x.written) for x in soft + drop)) \
+        if s.recompute == "selective" else ()
+    B = again + (Gemm("attention: dV = P^T dO", n, dh, n, c, count=b * h),
+                 Gemm("attention: dP = dO V^T", n, n, dh, c, count=b * h)) + drop_b + soft_b + \
+        (Gemm("attention: dQ = dS K", n, dh, n, c, count=b * h), Gemm("attention: dK = dS^T Q", n, dh, n, c, count=b * h))
+    return F, B
+
+
+def _ring_steps(s, ctx, rank, forward):
+    from .context_parallel.ring import blocks
+
+    c, b, h, dh, n = s.cp, s.b, s.h, s.head_dim, s.n
+    dt = ctx.dtype("compute")
+    kv = 2 * b * s.kv * n * dh * dtype_bytes(ctx.dtype("cp"))  # K and V travel with their own heads
+    passes = 2 if forward else 5
+    out = []
+    for t in range(c):
+        src = (rank - t) % c
+        kernels = tuple(Attention(f"attention: ring step {t}", b * h, 1, r.stop - r.start, q.stop - q.start, dh,
+                                  passes, 1.0, dt) for r, q, _ in blocks(rank, src, c, n, s.causal, s.cp_layout))
+        out.append((kernels, kv))
+    return tuple(out)
+
+
+def core_work(s, ctx, cp_rank=0):
+    """The core's :class:`~emulator.machine.work.Work` on this rank (``cp_rank`` along cp):
+    one fused kernel each way (``stack.attention == "flash"``; its backward recomputes the
+    scores, five products), the unfused kernels of :func:`_unfused`, ring attention's steps,
+    or Ulysses' all-to-alls around a fused kernel over every position of ``h / cp`` heads."""
+    b, h, dh, n = s.b, s.h, s.head_dim, s.n
+    c = ctx.dtype("compute")
+    if s.cp == 1:
+        if ctx.stack.attention == "unfused":
+            F, B = _unfused(s, ctx, b, h, n, dh)
+            return Work("attention core", F, B, (), F)
+        frac = causal_share(n) if s.causal else 1.0
+        F = (Attention("attention: core", b, h, n, n, dh, 2, frac, c),)
+        return Work("attention core", F, (Attention("attention: core backward", b, h, n, n, dh, 5, frac, c),), (), F)
+    if s.cp_attention == "ring":
+        dt = ctx.dtype("cp")
+        F = (RingAttention("attention: ring", "cp", s.cp, True, _ring_steps(s, ctx, cp_rank, True), dt),)
+        B = (RingAttention("attention: ring backward", "cp", s.cp, False, _ring_steps(s, ctx, cp_rank, False), dt),)
+        return Work("ring attention", F, B, (), F)
+    hc, S = h // s.cp, n * s.cp  # Ulysses: every position of h / cp heads
+    dt = ctx.dtype("cp")
+    piece = b * hc * n * dh * dtype_bytes(dt)  # one peer's share of one tensor
+    a2a = [AllToAll(f"attention: all-to-all {what}", "cp", s.cp, piece, dt) for what in ("q", "k", "v", "out")]
+    frac = causal_share(S) if s.causal else 1.0
+    F = tuple(a2a[:3]) + (Attention("attention: core", b, hc, S, S, dh, 2, frac, c), a2a[3])
+    back = [AllToAll(f"attention: all-to-all d{what}", "cp", s.cp, piece, dt) for what in ("out", "q", "k", "v")]
+    B = (back[0], Attention("attention: core backward", b, hc, S, S, dh, 4, frac, c)) + tuple(back[1:])
+    return Work("Ulysses attention", F, B, (), F)

@@ -33,12 +33,15 @@ layer on an ep group with each rank's tokens in rank order (lesson 05).
 import numpy as np
 
 from ..errors import ConfigError
+from ..machine import elementwise
 from ..machine.kernels import gemm
+from ..machine.work import AllToAll, Collective, Gemm, Memory, Work, dtype_bytes
 from ..nn.moe import (capacity, expert_keys, experts_backward_input, experts_backward_weight, experts_forward,
                       route, route_backward)
 from .placement import Placement
 from .token_groups import TokenGroup
-from .tp_regions import TPRegions
+from .tp_regions import (TPRegions, region_gather, region_gather_back, region_reduce, region_reduce_back,
+                         wgrad)
 
 
 def shard_experts(params, size, rank):
@@ -233,3 +236,51 @@ def backward(comm, moe, params, cache, dy):
     cache = dict(cache, shape=(1,) + (int(np.prod(shape[:-1])), moe.d_model))
     dx, grads = layer.backward(params, cache, dy.reshape(1, -1, moe.d_model))
     return dx.reshape(shape), grads
+
+
+# ----------------------------------------------------------------- the declaration of its work
+def moe_work(s, ctx):
+    """The MoE layer's :class:`~emulator.machine.work.Work` on a rank: the router, the count
+    exchange and the two all-to-alls each way, and each local expert's GEMMs and activation
+    on the rows routed to it (``s.counts``; None: an even router, ``rows x top_k / E``
+    each). Its backward computes the weight gradients with the input gradients (B holds
+    both; W is empty)."""
+    st, c, e_dt = ctx.stack, ctx.dtype("compute"), ctx.dtype("ep")
+    E, local, R = s.n_experts, s.n_experts // s.ep, s.rows * s.top_k
+    counts = s.counts if s.counts is not None else (R // E,) * local  # rows each local expert receives
+    per_peer = R // s.ep * s.d * dtype_bytes(e_dt)  # an even router: each peer gets its share of the rows
+    idx = E // s.ep * 8  # int64 counts per peer
+    w = s.widen
+
+    def expert(e, n, backward=False):
+        if not n:
+            return ()
+        if not backward:
+            return (Gemm(f"moe: expert {e} fc1", n, w * s.ff, s.d, c),) + \
+                elementwise.activation(st, f"moe: expert {e} activation", n, s.ff, c, s.mlp, s.bias) + \
+                (Gemm(f"moe: expert {e} fc2", n, s.d, s.ff, c),)
+        return (Gemm(f"moe: expert {e} fc2 dgrad", n, s.ff, s.d, c),) + \
+            elementwise.activation_backward(st, f"moe: expert {e} activation", n, s.ff, c, s.mlp) + \
+            (Gemm(f"moe: expert {e} fc1 dgrad", n, s.d, w * s.ff, c),) + \
+            wgrad(ctx, f"moe: expert {e} fc2 wgrad", s.ff, s.d, n) + wgrad(ctx, f"moe: expert {e} fc1 wgrad", s.d,
+                                                                            w * s.ff, n)
+
+    F = region_gather(s, ctx, "moe") + (Gemm("moe: router", s.rows, E, s.d, c),
+                                        AllToAll("moe: count exchange", "ep", s.ep, idx, "int64"),
+                                        AllToAll("moe: dispatch", "ep", s.ep, per_peer, e_dt))
+    for e, n in enumerate(counts):
+        F += expert(e, n)
+    F += (AllToAll("moe: combine", "ep", s.ep, per_peer, e_dt),
+          Memory("moe: weighted sum", "moe", R * s.d * dtype_bytes(c), s.rows * s.d * dtype_bytes(c)))
+    F += region_reduce(s, ctx, "moe")
+    B = region_reduce_back(s, ctx, "moe")
+    if s.tp > 1:
+        t_dt = ctx.dtype("tp")
+        B += (Collective("moe: all-reduce routing weights' grads", "all_reduce", "tp", s.tp, R * dtype_bytes(t_dt),
+                         t_dt),)
+    B += (AllToAll("moe: dispatch grads", "ep", s.ep, per_peer, e_dt),)
+    for e, n in enumerate(counts):
+        B += expert(e, n, backward=True)
+    B += (AllToAll("moe: combine grads", "ep", s.ep, per_peer, e_dt),
+          Gemm("moe: router backward", s.rows, E, s.d, c, count=2)) + region_gather_back(s, ctx, "moe")
+    return Work("moe", F, B, (), F)

@@ -21,7 +21,9 @@ runs it as it runs an ``nn.GPT``:
 import numpy as np
 
 from ..errors import ConfigError
+from ..machine import elementwise
 from ..machine.kernels import gemm, memory_bound
+from ..machine.work import Collective, Gemm, Memory, Work, dtype_bytes
 from ..nn.layernorm import layer_norm, layer_norm_backward
 from ..nn.moe import MoE
 from .attention_cores import RingCore, UlyssesCore
@@ -30,7 +32,8 @@ from .expert_parallel import ParallelMoE
 from .placement import Placement
 from .token_groups import TokenGroup
 from .tp_block import TensorParallelBlock
-from .tp_regions import TPRegions
+from .tp_regions import (TPRegions, region_gather, region_gather_again, region_gather_back, region_reduce,
+                         region_reduce_back, wgrad)
 from .vocab_parallel import vocab_parallel_cross_entropy, vocab_parallel_embedding_backward, vocab_parallel_lookup
 
 
@@ -182,3 +185,48 @@ def check_model(gpt):
     for name in ("vocab", "d_model", "n_heads", "d_ff", "n_layers", "max_seq"):
         if not hasattr(gpt, name):
             raise ConfigError(f"run_on_mesh needs an nn.GPT (or a model with its attributes); {gpt!r} has no {name}")
+
+
+# ----------------------------------------------------------------- the declarations of their work
+def embedding_work(s, ctx, learned=True):
+    """The vocabulary-parallel lookup (this rank's rows of the table), the reduction over tp,
+    the position table's rows added; backward the table's gradient (a scatter-add)."""
+    c, p = ctx.dtype("compute"), ctx.dtype("params")
+    cb, pb = dtype_bytes(c), dtype_bytes(p)
+    F = (Memory("embed: lookup", "embedding", s.rows * (s.d * pb + 8), s.rows * s.d * cb),) + \
+        region_reduce(s, ctx, "embed")
+    if learned:
+        F += (Memory("embed: positions", "embedding", s.rows_sp * s.d * (cb + pb), s.rows_sp * s.d * cb),)
+    g = dtype_bytes(ctx.dtype("grads"))
+    W = region_reduce_back(s, ctx, "embed") + (Memory("embed: table grad", "embedding", s.rows * (s.d * cb + 8),
+                                                      s.rows * s.d * g),)
+    if learned:
+        W += (Memory("embed: positions grad", "embedding", s.rows_sp * s.d * cb, s.rows_sp * s.d * g),)
+    return Work("embed", F, (), W, F)
+
+
+def head_work(s, ctx):
+    """The final norm, the output layer split by vocabulary (its input gathered under SP),
+    backward its input gradient (reduced over tp) and the norm's; W the output layer's
+    weight gradient (the input gathered again under SP)."""
+    st, a, p, c = ctx.stack, ctx.dtype("activations"), ctx.dtype("params"), ctx.dtype("compute")
+    v = s.vocab // s.tp
+    F = elementwise.norm_forward(st, "final norm", s.rows_sp, s.d, a, p, s.norm) + region_gather(s, ctx, "head") + \
+        (Gemm("head: output layer", s.rows, v, s.d, c),)
+    B = (Gemm("head: output layer dgrad", s.rows, s.d, v, c),) + region_gather_back(s, ctx, "head") + \
+        elementwise.norm_backward(st, "final norm", s.rows_sp, s.d, a, p, s.norm)
+    W = region_gather_again(s, ctx, "head") + wgrad(ctx, "head: output layer wgrad", s.d, v, s.rows)
+    return Work("head", F, B, W, F)
+
+
+def loss_work(s, ctx):
+    """The vocabulary-parallel cross-entropy over this rank's logits (:mod:`.vocab_parallel`):
+    its kernels as the stack runs them (:func:`emulator.machine.elementwise.cross_entropy`)
+    and three all-reduces over tp of one number per token (max, sum of exponentials,
+    target logit) in the policy's loss dtype."""
+    F, B = elementwise.cross_entropy(ctx.stack, s.rows, s.vocab // s.tp, ctx.dtype("compute"))
+    if s.tp > 1:
+        dt = ctx.dtype("loss")
+        F += tuple(Collective(f"loss: all-reduce {what}", "all_reduce", "tp", s.tp, s.rows * dtype_bytes(dt), dt)
+                   for what in ("max", "sum of exponentials", "target logit"))
+    return Work("loss", F, B, (), ())

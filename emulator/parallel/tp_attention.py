@@ -15,9 +15,12 @@ backward: do = reduce_back(dy)               dWo = o^T do, dbo = sum dy
 """
 
 
+from ..machine import elementwise
 from ..machine.kernels import gemm
+from ..machine.work import Gemm, Work
 from .placement import Placement
-from .tp_regions import ColumnThenRow, ready
+from .tp_regions import (ColumnThenRow, ready, region_gather, region_gather_again, region_gather_back, region_reduce,
+                         region_reduce_back, wgrad)
 
 
 class ParallelAttention(ColumnThenRow):
@@ -91,3 +94,34 @@ class ParallelAttention(ColumnThenRow):
             grads[f"{n}.w"] = x2.T @ g.reshape(rows, -1)
             grads[f"{n}.b"] = g.sum((0, 1))
         return grads
+
+
+# ----------------------------------------------------------------- the declaration of its work
+def attention_work(s, ctx, core):
+    """This rank's attention for a micro-batch of shape ``s``: q, k, v (one GEMM under
+    Megatron's ``linear_qkv``, three in eager torch, their input gradients summed), RoPE
+    where the model has it, the ``core``'s work (:func:`~.attention_cores.core_work`), the
+    output projection, and the tensor-parallel regions around them."""
+    st, c = ctx.stack, ctx.dtype("compute")
+    hd, kvd = s.h * s.head_dim, s.kv * s.head_dim
+    proj = [("q, k, v", s.qkv)] if st.name.startswith("megatron") else [("q", hd), ("k", kvd), ("v", kvd)]
+    F = region_gather(s, ctx, "attention") + tuple(Gemm(f"attention: {n}", s.rows, cols, s.d, c) for n, cols in proj)
+    rope = ()
+    if s.rope:
+        rope = elementwise.rope(st, "attention: rope q", s.rows, s.h, s.head_dim, c) + \
+            elementwise.rope(st, "attention: rope k", s.rows, s.kv, s.head_dim, c)
+    F += rope + core.forward + (Gemm("attention: output projection", s.rows, s.d, hd, c),) + \
+        region_reduce(s, ctx, "attention")
+    B = region_reduce_back(s, ctx, "attention") + (Gemm("attention: output projection dgrad", s.rows, hd, s.d, c),)
+    B += core.backward_input
+    if s.rope:
+        B += elementwise.rope(st, "attention: rope q", s.rows, s.h, s.head_dim, c, backward=True) + \
+            elementwise.rope(st, "attention: rope k", s.rows, s.kv, s.head_dim, c, backward=True)
+    B += tuple(Gemm(f"attention: {n} dgrad", s.rows, s.d, cols, c) for n, cols in proj)
+    for _ in proj[1:]:
+        B += elementwise.residual_grad("attention: input grads: add", s.rows, s.d, c)
+    B += region_gather_back(s, ctx, "attention")
+    W = region_gather_again(s, ctx, "attention") + wgrad(ctx, "attention: output projection wgrad", hd, s.d, s.rows)
+    for n, cols in proj:
+        W += wgrad(ctx, f"attention: {n} wgrad", s.d, cols, s.rows)
+    return Work("attention", F, B, W, F)

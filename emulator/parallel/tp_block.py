@@ -31,7 +31,9 @@ block (same parameter names), on the ranks of a tp group (``comm``; size 1 is on
 import numpy as np
 
 from ..errors import ConfigError
+from ..machine import elementwise
 from ..machine.kernels import memory_bound
+from ..machine.work import Work
 from ..nn.dropout import apply as drop, dropout_mask
 from ..nn.layernorm import layer_norm, layer_norm_backward
 from ..nn.module import sub
@@ -218,3 +220,30 @@ def cached_terms(cache):
         term = next((p for p in parts if p in TERMS), path)
         out[term] = out.get(term, 0) + nbytes
     return out
+
+
+# ----------------------------------------------------------------- the declaration of its work
+def block_work(s, ctx, cp_rank=0):
+    """One block's :class:`~emulator.machine.work.Work` on a rank, for a micro-batch of shape
+    ``s``: the two norms, attention (its core as the stack and ``s`` say), the MLP or the
+    experts, the two bias-dropout-adds, and in backward the residual stream's gradient sums;
+    ``recompute`` (full recomputation) is the forward again."""
+    from .attention_cores import core_work
+    from .expert_parallel import moe_work
+    from .tp_attention import attention_work
+    from .tp_mlp import mlp_work
+
+    st, a, c, p = ctx.stack, ctx.dtype("activations"), ctx.dtype("tp"), ctx.dtype("params")
+    r, d = s.rows_sp, s.d
+    attn = attention_work(s, ctx, core_work(s, ctx, cp_rank))
+    mlp = moe_work(s, ctx) if s.n_experts else mlp_work(s, ctx)
+    norm = [elementwise.norm_forward(st, f"ln{i}", r, d, a, p, s.norm) for i in (1, 2)]
+    bda = [elementwise.bias_dropout_add(st, f"bias-dropout-add {i}", r, d, a, c, s.bias, s.dropout) for i in (1, 2)]
+    F = norm[0] + attn.forward + bda[0] + norm[1] + mlp.forward + bda[1]
+    B = elementwise.bias_dropout_add_backward(st, "bias-dropout-add 2", r, d, a, s.bias, s.dropout) + \
+        mlp.backward_input + elementwise.norm_backward(st, "ln2", r, d, a, p, s.norm) + \
+        elementwise.residual_grad("residual 2 grad", r, d, a) + \
+        elementwise.bias_dropout_add_backward(st, "bias-dropout-add 1", r, d, a, s.bias, s.dropout) + \
+        attn.backward_input + elementwise.norm_backward(st, "ln1", r, d, a, p, s.norm) + \
+        elementwise.residual_grad("residual 1 grad", r, d, a)
+    return Work("block", F, B, mlp.backward_weight + attn.backward_weight, F)

@@ -12,10 +12,12 @@ xg = gather(x) (all-gather along the sequence under sequence parallelism); backw
 """
 
 
-from ..machine.kernels import gemm, memory_bound
+from ..machine import elementwise
+from ..machine.work import Gemm, Work
 from ..nn.activations import gelu, gelu_backward, silu, silu_backward
 from .placement import Placement
-from .tp_regions import ColumnThenRow, ready
+from .tp_regions import (ColumnThenRow, ready, region_gather, region_gather_again, region_gather_back, region_reduce,
+                         region_reduce_back, wgrad)
 
 COLUMN_W, COLUMN_B, ROW_W = Placement((("tp", 1),)), Placement((("tp", 0),)), Placement((("tp", 0),))
 
@@ -91,3 +93,30 @@ class ParallelMLP(ColumnThenRow):
             grads["fc2.b"] = dy_local.sum((0, 1))
             grads["fc1.b"] = dw[0].sum((0, 1))
         return grads
+
+
+# ----------------------------------------------------------------- the declaration of its work
+def mlp_work(s, ctx):
+    """The :class:`~emulator.machine.work.Work` of this rank's MLP for a micro-batch of shape
+    ``s`` (:class:`~emulator.parallel.layer_shape.LayerShape`): the GEMMs of its column-
+    and row-parallel matrices, the activation as the stack runs it, the tensor-parallel
+    collectives (all-gather and reduce-scatter under sequence parallelism, all-reduce
+    without) in the policy's payload dtype. The gate and up matrices of a SwiGLU are one
+    GEMM under Megatron (``linear_fc1``), two in eager torch (their input gradients summed)."""
+    st = ctx.stack
+    c, w = ctx.dtype("compute"), s.widen
+    wide = [("fc1", w * s.ff)] if (s.mlp == "gelu" or st.name.startswith("megatron")) else \
+        [("fc1: gate", s.ff), ("fc1: up", s.ff)]
+    F = region_gather(s, ctx, "mlp") + tuple(Gemm(f"mlp: {n}", s.rows, cols, s.d, c) for n, cols in wide)
+    F += elementwise.activation(st, "mlp: activation", s.rows, s.ff, c, s.mlp, s.bias)
+    F += (Gemm("mlp: fc2", s.rows, s.d, s.ff, c),) + region_reduce(s, ctx, "mlp")
+    B = region_reduce_back(s, ctx, "mlp") + (Gemm("mlp: fc2 dgrad", s.rows, s.ff, s.d, c),)
+    B += elementwise.activation_backward(st, "mlp: activation", s.rows, s.ff, c, s.mlp)
+    B += tuple(Gemm(f"mlp: {n} dgrad", s.rows, s.d, cols, c) for n, cols in wide)
+    if len(wide) > 1:
+        B += elementwise.residual_grad("mlp: fc1 dgrad: add", s.rows, s.d, c)
+    B += region_gather_back(s, ctx, "mlp")
+    W = region_gather_again(s, ctx, "mlp") + wgrad(ctx, "mlp: fc2 wgrad", s.ff, s.d, s.rows)
+    for n, cols in wide:
+        W += wgrad(ctx, f"mlp: {n} wgrad", s.d, cols, s.rows)
+    return Work("mlp", F, B, W, F)

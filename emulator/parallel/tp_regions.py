@@ -21,6 +21,8 @@ reduce-scatter of the input gradient with the weight-gradient GEMM).
 import numpy as np
 
 from ..engine.shape_only import contiguous
+from ..machine import elementwise
+from ..machine.work import Collective, Gemm, dtype_bytes
 
 SEQ = 1  # the sequence is dim 1 of (batch, sequence, hidden)
 
@@ -133,3 +135,50 @@ class ColumnThenRow:
         pending_dx = self.r.gather_back(dx_partial, async_op=True)
         grads = self._weight_grads(c, d_out, dy, inner, xg)
         return pending_dx.wait(), grads
+
+
+# ----------------------------------------------------------------- what the regions declare
+def _tp(s, ctx, name, op):
+    dt = ctx.dtype("tp")
+    return (Collective(name, op, "tp", s.tp, s.rows * s.d * dtype_bytes(dt), dt),)
+
+
+def region_gather(s, ctx, part):
+    """``gather`` before a column-parallel layer: an all-gather along the sequence under SP."""
+    return _tp(s, ctx, f"{part}: all-gather input", "all_gather") if s.sequence_parallel else ()
+
+
+def region_reduce(s, ctx, part):
+    """``reduce`` after a row-parallel layer: reduce-scatter (SP) or all-reduce."""
+    if s.tp == 1:
+        return ()
+    return _tp(s, ctx, f"{part}: reduce output", "reduce_scatter" if s.sequence_parallel else "all_reduce")
+
+
+def region_reduce_back(s, ctx, part):
+    """``reduce``'s backward: the output gradient all-gathered along the sequence under SP."""
+    return _tp(s, ctx, f"{part}: all-gather output grad", "all_gather") if s.sequence_parallel else ()
+
+
+def region_gather_back(s, ctx, part):
+    """``gather``'s backward: the input gradient reduce-scattered (SP) or all-reduced."""
+    if s.tp == 1:
+        return ()
+    return _tp(s, ctx, f"{part}: reduce input grad", "reduce_scatter" if s.sequence_parallel else "all_reduce")
+
+
+def region_gather_again(s, ctx, part):
+    """Under SP the weight gradients need the whole input: gathered again, as Megatron does,
+    unless the layer kept the gathered copy."""
+    return _tp(s, ctx, f"{part}: all-gather input again", "all_gather") if (s.sequence_parallel and
+                                                                            not s.keep_gathered) else ()
+
+
+def wgrad(ctx, name, m, n, k):
+    """A weight-gradient GEMM (m x k) @ (k x n): accumulating into the fp32 main gradients
+    where the stack fuses that (Megatron's gradient-accumulation fusion), else written in
+    the compute dtype and added into the gradient buffer by a kernel of its own."""
+    c, g = ctx.dtype("compute"), ctx.dtype("grads")
+    if ctx.stack.has("grad_accumulation"):
+        return (Gemm(name, m, n, k, c, out_dtype=g, accumulate=True),)
+    return (Gemm(name, m, n, k, c),) + elementwise.grad_accumulate(ctx.stack, f"{name}: accumulate", m * n, c, g)

@@ -1,0 +1,101 @@
+"""A module's declared work, charged as it runs.
+
+Each module of a transformer step declares, for its shape, the kernels and collectives of
+each pass (:mod:`emulator.machine.work`). While the module computes, a :class:`Charges`
+for the pass is open on the rank: ``comm.charge(name)`` advances the rank's clock by the
+declared kernels of that name (a name covers a chain: ``"ln1"`` is one fused kernel, or
+``"ln1: pow"``, ``"ln1: mean"``... in eager torch), so the clock moves per declared
+kernel and by nothing else. When the pass ends the charges check that every declared
+kernel was charged and that the collectives the rank issued meanwhile are the declared
+ones (op, group and bytes, as :mod:`emulator.records.calls` records them): a module whose
+code and declaration drift apart fails at once, naming both.
+
+The host: a kernel cannot start before the host has issued it. Each declared kernel costs
+the stack's ``dispatch`` seconds of host time and starts no earlier than that; the GPU
+waits for a host that falls behind (a step of many small kernels is bound by its host).
+The host runs ahead of the GPU otherwise, and catches up only where the program waits for
+a result on the host (``comm.sync_host()``: the loss read at the end of a step).
+
+Passes nest: a block's pass covers its attention's and its MLP's, which charge into it.
+"""
+
+from ..errors import EmulatorError
+from ..machine.work import AllToAll, Collective, is_kernel
+
+
+class WorkMismatch(EmulatorError):
+    """A module's code and its declaration of work disagree (a bug in the library)."""
+
+
+class Charges:
+    def __init__(self, comm, items, what):
+        self.comm, self.what = comm, what
+        self.kernels = [x for x in items if is_kernel(x)]
+        self.comms = [x for x in items if isinstance(x, (Collective, AllToAll))]
+        self.calls0 = len(comm._world.calls[comm.global_rank])
+        self.charged = []  # (name, kernels) in the order charged, for tests
+
+    def take(self, name):
+        """The declared kernels called ``name`` (or ``name: ...``), removed from what is left."""
+        prefix = name + ": "
+        hit = [x for x in self.kernels if x.name == name or x.name.startswith(prefix)]
+        if not hit:
+            raise WorkMismatch(f"rank {self.comm.global_rank}: {self.what} charged {name!r}, which its declaration "
+                               f"does not list (left: {sorted({x.name for x in self.kernels})})")
+        ids = {id(x) for x in hit}
+        self.kernels = [x for x in self.kernels if id(x) not in ids]
+        self.charged.append((name, hit))
+        return hit
+
+    def replace(self, name, kernels, comms=None):
+        """Swap the declared kernels called ``name`` for ``kernels`` (what the module learns
+        only as it runs: the rows routing sent each expert)."""
+        prefix = name + ": "
+        self.kernels = [x for x in self.kernels if not (x.name == name or x.name.startswith(prefix))] + list(kernels)
+
+    def finish(self):
+        rank = self.comm.global_rank
+        if self.kernels:
+            raise WorkMismatch(f"rank {rank}: {self.what} declared kernels it never charged: "
+                               f"{[x.name for x in self.kernels]}")
+        calls = [c for c in self.comm._world.calls[rank][self.calls0:] if c.op not in ("send", "recv")]
+        want = sorted(_signature(x) for x in self.comms)
+        got = sorted(_call_signature(c) for c in calls)
+        if want != got:
+            raise WorkMismatch(f"rank {rank}: {self.what} declared collectives {want} but issued {got}")
+
+
+def _signature(x):
+    if isinstance(x, AllToAll):
+        return ("all_to_all", x.group, None)
+    return (x.op, x.group, round(x.input_bytes))
+
+
+def _call_signature(c):
+    if c.op in ("all_to_all", "all_to_all_single"):
+        return ("all_to_all", c.group, None)
+    return (c.op, c.group, round(c.nbytes))
+
+
+class Declared:
+    """``with comm.declared(build, what):`` opens the pass ``build()`` declares, unless a pass
+    is already open on this rank (then the module charges into it)."""
+
+    def __init__(self, comm, build, what):
+        self.comm, self.build, self.what, self.opened = comm, build, what, None
+
+    def __enter__(self):
+        stack = self.comm._world._charges[self.comm.global_rank]
+        if not stack:
+            self.opened = Charges(self.comm, self.build(), self.what)
+            stack.append(self.opened)
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if self.opened is not None:
+            stack = self.comm._world._charges[self.comm.global_rank]
+            stack.pop()
+            if kind is None:
+                self.opened.finish()
+                self.comm._world.charged[self.comm.global_rank].append((self.what, self.opened.charged))
+        return False

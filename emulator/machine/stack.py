@@ -1,0 +1,179 @@
+"""A software stack as data: which kernels a training step runs, which collectives it hides
+behind compute, and what each kernel costs the host.
+
+:class:`Stack` fields:
+
+* ``precision``: the :class:`~emulator.machine.precision.Precision` policy;
+* ``attention``: ``"flash"`` (one fused kernel per pass: FlashAttention or cuDNN's) or
+  ``"unfused"`` (the scores as batched GEMMs, written to HBM, with separate softmax and
+  dropout kernels, as Megatron-LM ran before FlashAttention);
+* ``fused``: the elementwise fusions it has (:data:`FUSIONS`); without one, each op of the
+  chain is its own kernel with its own HBM traffic (:mod:`emulator.machine.elementwise`);
+* ``grad_overlap``: ``"backward"``: data-parallel gradients reduced in buckets while
+  backward still runs; ``"after_flush"``: once, after the pipeline flush;
+  ``bucket``: how the buckets are cut (:class:`Bucket`);
+* ``param_gather_overlap``: ZeRO-1's (Megatron's distributed optimizer's) all-gather of
+  the updated weights issued bucket by bucket during the next forward;
+* ``fsdp_prefetch``: ZeRO-3/FSDP gathers the next unit while the current one computes;
+* ``tp_comm_overlap``: Transformer Engine's userbuffers: tensor-parallel all-gathers and
+  reduce-scatters pipelined with the GEMMs beside them, ``tp_overlap_sms`` SMs taken from
+  the GEMM for the pipelined ones;
+* ``p2p_overlap``: pipeline sends and receives overlapped with the next chunk's compute;
+* ``launch``: the GPU's gap between two kernels; ``dispatch``: the host's time to issue one
+  kernel (a kernel cannot start before the host has issued it: a step of many small kernels
+  is bound by the host).
+
+Every setting of a preset carries a :class:`~emulator.machine.stack_sources.Source` (the
+framework's file and line at a commit, or a published measurement): ``stack.sources``.
+The presets are in :mod:`emulator.machine.stack_sources`; :func:`stack_preset` returns one.
+"""
+
+from dataclasses import dataclass, field, replace
+
+from ..errors import ConfigError
+from .precision import Precision
+
+FUSIONS = {
+    "norm": "a norm's forward (and its backward) as one kernel, its output cast to the compute dtype",
+    "bias_act": "bias, GeLU or SwiGLU as one kernel (forward and backward)",
+    "bias_dropout_add": "bias, dropout and the residual add as one kernel",
+    "rope": "rotary embeddings of q and k as one kernel",
+    "softmax": "attention's scale, mask and softmax as one kernel (unfused attention)",
+    "cross_entropy": "the vocabulary-parallel cross-entropy as one kernel per pass",
+    "adam": "the optimizer's update of every parameter as one multi-tensor kernel",
+    "grad_accumulation": "weight-gradient GEMMs accumulate into the fp32 main gradients",
+    "elementwise": "every chain of pointwise ops between two GEMMs as one generated kernel",
+}
+GRAD_OVERLAP = ("backward", "after_flush")
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """How gradient buckets are cut: at least ``minimum`` of ``unit`` (``"params"``: elements;
+    ``"bytes"``), or ``per_rank`` times the data-parallel size if larger (Megatron's rule);
+    ``first``: a smaller first bucket (torch DDP's); ``first_stage_only``: only pipeline
+    rank 0 cuts buckets, the others reduce their gradients as one (Megatron)."""
+
+    unit: str
+    minimum: float
+    per_rank: float = 0.0
+    first: float = None
+    first_stage_only: bool = False
+
+    def size(self, dp):
+        return max(self.minimum, self.per_rank * dp)
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    title: str
+    precision: Precision
+    attention: str
+    fused: frozenset
+    grad_overlap: str
+    bucket: Bucket
+    param_gather_overlap: bool
+    fsdp_prefetch: bool
+    tp_comm_overlap: bool
+    tp_overlap_sms: int
+    p2p_overlap: bool
+    launch: float
+    dispatch: float
+    sources: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self):
+        bad = []
+        if self.attention not in ("flash", "unfused"):
+            bad.append(f"attention={self.attention!r} (use 'flash' or 'unfused')")
+        unknown = set(self.fused) - set(FUSIONS)
+        if unknown:
+            bad.append(f"fused={sorted(unknown)} (known: {', '.join(FUSIONS)})")
+        if self.grad_overlap not in GRAD_OVERLAP:
+            bad.append(f"grad_overlap={self.grad_overlap!r} (use {' or '.join(GRAD_OVERLAP)})")
+        if not isinstance(self.precision, Precision):
+            bad.append(f"precision={self.precision!r} (a Precision)")
+        for what in ("launch", "dispatch"):
+            v = getattr(self, what)
+            if not (isinstance(v, (int, float)) and 0 <= v < 1e-2):
+                bad.append(f"{what}={v!r} (seconds per kernel, 0 to 10 ms)")
+        if bad:
+            raise ConfigError(f"Stack {self.name!r}: " + "; ".join(bad))
+
+    def has(self, fusion):
+        return fusion in self.fused
+
+    def replace(self, **changes):
+        return replace(self, **changes)
+
+    def describe(self):
+        """A few lines a person reads: each setting and its source."""
+        lines = [f"{self.name}: {self.title}", f"  precision: {self.precision.describe()}",
+                 f"  attention: {self.attention}", f"  fused: {', '.join(sorted(self.fused)) or 'nothing'}",
+                 f"  gradient reduction: {self.grad_overlap}, buckets {self.bucket}",
+                 f"  overlaps: param gather {self.param_gather_overlap}, FSDP prefetch {self.fsdp_prefetch}, "
+                 f"TP comm {self.tp_comm_overlap} ({self.tp_overlap_sms} SMs), p2p {self.p2p_overlap}",
+                 f"  per kernel: launch {self.launch * 1e6:.1f} us, host dispatch {self.dispatch * 1e6:.1f} us"]
+        for key, src in sorted(self.sources.items()):
+            lines.append(f"  [{key}] {src.cite()}")
+        return "\n".join(lines)
+
+
+def stack_preset(name=None):
+    """The :class:`Stack` called ``name`` (None: ``"megatron-core"``), or the Stack itself."""
+    from .stack_sources import PRESETS
+
+    if name is None:
+        name = "megatron-core"
+    if isinstance(name, Stack):
+        return name
+    key = str(name).lower()
+    if key not in PRESETS:
+        raise ConfigError(f"unknown software stack {name!r}; known: {', '.join(PRESETS)}")
+    return PRESETS[key]
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a module's declaration needs of a run: its stack, its precision policy, and the
+    dtype its arrays hold (which a field left None in the policy means).
+
+    ``dtype(what)``: the dtype name of ``what`` (a :class:`Precision` field): ``compute``,
+    ``params`` and ``activations`` default to the arrays'; payloads to ``compute``;
+    ``grads`` to ``params``, ``grad_reduce`` to ``grads``; ``loss`` to fp32 or the arrays'
+    if wider."""
+
+    stack: Stack
+    precision: Precision
+    array: str = "bf16"
+
+    def dtype(self, what):
+        p = self.precision
+        if what in ("compute", "params"):
+            return p.of(what, self.array)
+        if what == "activations":
+            return p.of(what, self.dtype("compute"))
+        if what in ("tp", "cp", "pp", "ep"):
+            return p.of(what, self.dtype("compute"))
+        if what == "param_gather":
+            return p.of(what, self.dtype("params"))
+        if what == "grads":
+            return p.of(what, self.dtype("params"))
+        if what == "grad_reduce":
+            return p.of(what, self.dtype("grads"))
+        if what == "optimizer":
+            return p.of(what, self.dtype("params"))
+        if what == "loss":
+            return p.of(what, "fp64" if self.array == "fp64" else "fp32")
+        if what == "master":
+            return p.master
+        raise ConfigError(f"Context.dtype: unknown field {what!r}")
+
+
+def context(stack=None, precision=None, array="bf16"):
+    """A :class:`Context`: ``stack`` (a name or Stack; None: ``"megatron-core"``), its policy
+    unless ``precision`` (a name or Precision) is given, the arrays' dtype name."""
+    from .precision import precision_preset
+
+    s = stack_preset(stack)
+    return Context(s, s.precision if precision is None else precision_preset(precision), array)
