@@ -24,6 +24,11 @@ fc2 input (GELU output)                 8 sbh       8 sbh / t    8 sbh / t
 MLP dropout mask                        sbh         sbh          sbh / t
 ======================================  ==========  ===========  ==================
 
+That is attention as Megatron ran it then: the softmax's scores written to HBM and kept.
+A fused kernel (FlashAttention, ``attention="flash"``, the default stack's) keeps none of
+the three as^2 b terms, only the softmax's statistics (one fp32 log-sum-exp per row: 4 asb
+bytes, / t with TP), and recomputes the scores in backward.
+
 Summed: sbh (34 + 5 as/h) without parallelism; sbh (10 + 24/t + 5 as/(h t)) with TP (the
 10 sbh of norms, dropouts and their inputs replicated on every rank); sbh (34/t + 5
 as/(h t)) with sequence parallelism too. Selective recomputation recomputes the three
@@ -36,7 +41,8 @@ from ..errors import ConfigError
 RECOMPUTE = ("none", "selective", "full")
 TERMS = ("LayerNorm 1 input", "q, k, v projections' input", "Q and K", "softmax output", "softmax dropout mask",
          "dropout output (times V)", "V", "output projection input", "attention dropout mask", "LayerNorm 2 input",
-         "fc1 input", "GELU input", "fc2 input", "MLP dropout mask", "layer input")
+         "fc1 input", "GELU input", "fc2 input", "MLP dropout mask", "layer input", "softmax statistics")
+ATTENTION = ("unfused", "flash")
 
 
 def _check(s, b, h, a=None, t=1):
@@ -49,11 +55,14 @@ def _check(s, b, h, a=None, t=1):
         raise ConfigError(f"the heads a ({a}) must be divisible by the tensor-parallel size t ({t})")
 
 
-def activation_terms(s, b, h, a, t=1, sp=False, recompute="none"):
-    """The table above: {tensor: bytes} kept by one layer on one GPU."""
+def activation_terms(s, b, h, a, t=1, sp=False, recompute="none", attention="unfused"):
+    """The table above: {tensor: bytes} kept by one layer on one GPU; ``attention="flash"``:
+    a fused kernel's (no scores kept, their statistics instead)."""
     _check(s, b, h, a, t)
     if recompute not in RECOMPUTE:
         raise ConfigError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+    if attention not in ATTENTION:
+        raise ConfigError(f"attention must be one of {ATTENTION}, got {attention!r}")
     sbh, att = s * b * h, a * s * s * b
     rep = t if sp else 1  # the replicated regions: split along the sequence with SP
     if recompute == "full":
@@ -63,18 +72,20 @@ def activation_terms(s, b, h, a, t=1, sp=False, recompute="none"):
              "dropout output (times V)": 2 * att / t, "V": 2 * sbh / t, "output projection input": 2 * sbh / t,
              "attention dropout mask": sbh / rep, "LayerNorm 2 input": 2 * sbh / rep, "fc1 input": 2 * sbh / rep,
              "GELU input": 8 * sbh / t, "fc2 input": 8 * sbh / t, "MLP dropout mask": sbh / rep}
-    if recompute == "selective":
+    if recompute == "selective" or attention == "flash":
         for k in ("softmax output", "softmax dropout mask", "dropout output (times V)"):
             del terms[k]
+    if attention == "flash":
+        terms["softmax statistics"] = 4 * a * s * b / t
     return terms
 
 
-def activation_bytes_per_layer(s, b, h, a, t=1, sp=False, recompute="none"):
+def activation_bytes_per_layer(s, b, h, a, t=1, sp=False, recompute="none", attention="unfused"):
     """Bytes one transformer layer keeps for backward on one GPU (Korthikanti et al.):
     sbh (34 + 5as/h) alone; sbh (10 + 24/t + 5as/(ht)) with TP; sbh (34/t + 5as/(ht))
     with TP and SP; ``recompute="selective"`` drops the attention terms, ``"full"``
-    keeps only the layer input."""
-    return float(sum(activation_terms(s, b, h, a, t, sp, recompute).values()))
+    keeps only the layer input; ``attention="flash"`` keeps the softmax's statistics, not its scores."""
+    return float(sum(activation_terms(s, b, h, a, t, sp, recompute, attention).values()))
 
 
 def tp_bytes_per_layer(b, s, h, t, dtype_bytes=2):

@@ -165,12 +165,15 @@ class Comm(PointToPoint):
         (:mod:`emulator.engine.charging`) unless one is open on this rank already."""
         return Declared(self, build, what)
 
-    def charge(self, name):
-        """Advance this rank's clock by the declared kernels called ``name`` of the open pass."""
+    def charge(self, name, optional=False):
+        """Advance this rank's clock by the declared kernels called ``name`` of the open pass
+        (``optional``: nothing if the declaration has none of that name)."""
         open_ = self._world._charges[self.global_rank]
         if not open_:
             raise WorkMismatch(f"rank {self.global_rank}: charge({name!r}) outside a declared pass")
-        kernels = open_[-1].take(name)
+        kernels = open_[-1].take(name, optional)
+        if not kernels:
+            return
         w = self._world
         device, stack = w.topology.device, w.stack
         slow = w.faults.slowdown[self.global_rank]
@@ -196,7 +199,10 @@ class Comm(PointToPoint):
             raise ConfigError(f"rank {self.global_rank}: storage() got a negative duration ({seconds})")
         if background:
             return self._world.clock.background(self.global_rank, "storage", seconds, name)
-        self._world.clock.advance(self.global_rank, seconds, name)
+        clock = self._world.clock  # a synchronous write holds the host too: it waits for the GPU, then writes
+        clock.sync_host(self.global_rank)
+        clock.advance(self.global_rank, seconds, name)
+        clock.sync_host(self.global_rank)
         return self.now
 
     def wait_storage(self, what="storage"):

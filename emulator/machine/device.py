@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 from .device_calibration import RATES, Rates
 from .kernels import Kernel
+from .work import KERNELS
 
 H100_BF16_FLOPS = 989e12  # H100 SXM, dense bf16, without sparsity (NVIDIA H100 datasheet)
 A100_BF16_FLOPS = 312e12  # A100 SXM, dense bf16 (NVIDIA A100 datasheet)
@@ -112,7 +113,7 @@ class Device:
 
     def time(self, kernel):
         """Seconds for one :class:`~emulator.machine.kernels.Kernel`."""
-        if not isinstance(kernel, Kernel):
+        if not isinstance(kernel, (Kernel,) + KERNELS):
             raise ConfigError(f"Device {self.name!r}: time() takes a Kernel (emulator.machine.kernels.gemm, "
                               f"attention or memory_bound), got {type(kernel).__name__}")
         if not (kernel.flops >= 0 and kernel.nbytes >= 0 and math.isfinite(kernel.flops + kernel.nbytes)):

@@ -52,8 +52,8 @@ def norm_backward(stack, name, rows, d, act, params, kind="layernorm"):
     if stack.has("norm"):  # one kernel: dx, and the weights' partial sums
         return (_m(f"{name} backward", "norm_backward", 2 * rows * d * a + stats + d * p, rows * d * a + n_w * d * 4),)
     if kind == "layernorm":  # torch: the input gradient, then gamma's and beta's
-        return (_m(f"{name} backward (dx)", "norm_backward", 2 * rows * d * a + stats + d * p, rows * d * a),
-                _m(f"{name} backward (weights)", "norm_backward", 2 * rows * d * a + stats, n_w * d * p))
+        return (_m(f"{name} backward: dx", "norm_backward", 2 * rows * d * a + stats + d * p, rows * d * a),
+                _m(f"{name} backward: weights", "norm_backward", 2 * rows * d * a + stats, n_w * d * p))
     f = rows * d * 4  # autograd through the ops above, one kernel each
     return (_m(f"{name} backward: * weight", "norm_backward", 2 * rows * d * a, rows * d * a),
             _m(f"{name} backward: weight grad", "norm_backward", 2 * rows * d * a, d * p),

@@ -54,6 +54,16 @@ def dtype_name(np_dtype):
             "bool": "bool"}.get(dt.name, dt.name)
 
 
+def np_dtype(name):
+    """The NumPy dtype of a dtype name (``"bf16"``: ``ml_dtypes.bfloat16``)."""
+    import numpy as np
+    from ml_dtypes import bfloat16
+
+    return np.dtype(bfloat16) if name == "bf16" else np.dtype({"fp64": np.float64, "fp32": np.float32,
+                                                               "fp16": np.float16, "int64": np.int64,
+                                                               "int32": np.int32, "bool": np.bool_}[name])
+
+
 # ----------------------------------------------------------------- kernels
 @dataclass(frozen=True)
 class Gemm:

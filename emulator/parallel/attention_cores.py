@@ -23,8 +23,7 @@ import numpy as np
 
 from ..engine.shape_only import contiguous, is_shape_only
 from ..errors import ConfigError
-from ..machine.kernels import attention as attention_kernel
-from ..machine.work import AllToAll, Attention, Gemm, Memory, RingAttention, Work, dtype_bytes
+from ..machine.work import AllToAll, Attention, Gemm, Memory, RingAttention, Work, dtype_bytes, np_dtype
 from ..nn.attention import repeat_kv, sum_kv
 from ..nn.attention_core import softmax
 from ..nn.dropout import apply as drop, dropout_mask
@@ -68,19 +67,27 @@ class DenseCore:
                                 (slice(None), heads, slice(None), slice(None)), self.p)
         return p, mask
 
-    def _charge(self, q, k, passes, what):
-        s = q.shape[2]
-        frac = (s + 1) / (2 * s) if self.causal else 1.0
-        self.comm.compute(kernel=attention_kernel(q.shape[0], q.shape[1], s, k.shape[2], q.shape[3], passes, frac),
-                          name=what)
+    @property
+    def fused(self):
+        """Whether the stack runs attention as one fused kernel (FlashAttention): then the
+        scores are never kept, only the softmax's statistics, and backward recomputes them."""
+        return self.comm.stack.attention == "flash"
 
     def forward(self, q, k, v):
         p, mask = self._probs(q, k)
         pd = drop(p, mask, self.p)
         o = pd @ repeat_kv(v, q.shape[1] // v.shape[1])
-        self._charge(q, k, 2, "attention")
+        fused = self.fused
+        if fused:
+            self.comm.charge("attention: core")
+        else:
+            for what in ("attention: scores Q K^T", "attention: scale-mask-softmax", "attention: dropout",
+                         "attention: probs @ V"):
+                self.comm.charge(what, optional=what == "attention: dropout")
         c = {"Q and K": {"Q": self.keep(q), "K": self.keep(k)}, "V": self.keep(v)}
-        if self.recompute == "none":
+        if fused:  # FlashAttention keeps the log-sum-exp of each row of scores (fp32)
+            c["softmax statistics"] = np.zeros_like(p, shape=p.shape[:-1], dtype=np.float32)
+        elif self.recompute == "none":
             c["softmax output"] = self.keep(p)
             if self.p:
                 c["softmax dropout mask"] = mask
@@ -101,7 +108,14 @@ class DenseCore:
         dv = sum_kv(pd.swapaxes(-1, -2) @ do, g)
         dp = drop(do @ repeat_kv(v, g).swapaxes(-1, -2), mask, self.p)
         ds = _softmax_backward(p, dp, 1.0 / math.sqrt(q.shape[-1]))
-        self._charge(q, k, 5 if "softmax output" not in c else 4, "attention backward")
+        if "softmax statistics" in c:
+            self.comm.charge("attention: core backward")
+        else:
+            for what in ("attention: scores again", "attention: again", "attention: dV = P^T dO",
+                         "attention: dP = dO V^T", "attention: dropout backward", "attention: softmax backward",
+                         "attention: dQ = dS K", "attention: dK = dS^T Q"):
+                self.comm.charge(what, optional=what in ("attention: scores again", "attention: again",
+                                                         "attention: dropout backward"))
         return ds @ repeat_kv(k, g), sum_kv(ds.swapaxes(-1, -2) @ q, g), dv
 
 
@@ -113,11 +127,12 @@ class RingCore:
         self.cp, self.causal, self.layout = cp, causal, layout
 
     def forward(self, q, k, v):
-        o, cache = ring_attention(self.cp, q, k, v, self.causal, self.layout)  # K/V heads travel as they are
+        payload = np_dtype(self.cp.work_context(q.dtype).dtype("cp")) if self.cp.precision else None
+        o, cache = ring_attention(self.cp, q, k, v, self.causal, self.layout, payload=payload, declared=True)
         return o, {"ring": cache}
 
     def backward(self, c, do):
-        return ring_attention_backward(self.cp, c["ring"], do)
+        return ring_attention_backward(self.cp, c["ring"], do, declared=True)
 
 
 class UlyssesCore:
@@ -157,8 +172,7 @@ class UlyssesCore:
             scores = np.where(allowed, scores, -np.inf)
         p = softmax(scores)
         frac = causal_fraction(pos, pos) if self.causal else 1.0
-        self.cp.compute(kernel=attention_kernel(qh.shape[0], qh.shape[1], qh.shape[2], kh.shape[2], qh.shape[3], 2,
-                                                frac), name="attention on my heads")
+        self.cp.charge("attention: core")
         o = self._to_positions(p @ vh, n)
         return o, {"q": qh, "k": kh, "v": vh, "p": p, "n": n, "group": g, "fraction": frac}
 
@@ -167,8 +181,7 @@ class UlyssesCore:
         doh = self._to_heads(do)
         dv = p.swapaxes(-1, -2) @ doh
         ds = _softmax_backward(p, doh @ vh.swapaxes(-1, -2), 1.0 / math.sqrt(qh.shape[-1]))
-        self.cp.compute(kernel=attention_kernel(qh.shape[0], qh.shape[1], qh.shape[2], kh.shape[2], qh.shape[3], 4,
-                                                c["fraction"]), name="attention backward on my heads")
+        self.cp.charge("attention: core backward")
         n, g = c["n"], c["group"]
         dq, dk, dv = (self._to_positions(t, n) for t in (ds @ kh, ds.swapaxes(-1, -2) @ qh, dv))
         return dq, sum_kv(dk, g), sum_kv(dv, g)

@@ -34,10 +34,10 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..machine import elementwise
-from ..machine.kernels import gemm
 from ..machine.work import AllToAll, Collective, Gemm, Memory, Work, dtype_bytes
 from ..nn.moe import (capacity, expert_keys, experts_backward_input, experts_backward_weight, experts_forward,
                       route, route_backward)
+from .layer_shape import LayerShape
 from .placement import Placement
 from .token_groups import TokenGroup
 from .tp_regions import (TPRegions, region_gather, region_gather_back, region_reduce, region_reduce_back,
@@ -66,7 +66,7 @@ class ParallelMoE:
 
     charges_itself = True
 
-    def __init__(self, moe, ep, regions, group=None):
+    def __init__(self, moe, ep, regions, group=None, dtype=None):
         if moe.n_experts % ep.size:
             raise ConfigError(f"rank {ep.global_rank}: {moe.n_experts} experts do not split over an ep group of "
                               f"{ep.size}")
@@ -79,6 +79,7 @@ class ParallelMoE:
         self.group = group or (lambda b, s: TokenGroup.local(ep, b * s))
         self.widen = ("fc1",) if moe.mlp == "gelu" else ("gate", "up")
         self.ff = moe.d_ff // self.tp.size
+        self.dtype = dtype if dtype is not None else getattr(moe, "dtype", None)
 
     # ----------------------------------------------------------------- where parameters live
     def placements(self, sp=False):
@@ -111,18 +112,45 @@ class ParallelMoE:
             return dict(P, **{"experts.fc2.b": np.zeros_like(P["experts.fc2.b"])})
         return P
 
-    def _charge(self, counts, what, passes=1):
-        kernels = [gemm(c, self.ff, self.moe.d_model, count=passes * (len(self.widen) + 1)) for c in counts if c]
-        if kernels:
-            self.ep.compute(kernels=kernels, name=what)
+    def _charge(self, counts, backward=False):
+        """Charge this rank's experts on the rows routing sent them (the declaration's even
+        share replaced by the routed counts)."""
+        shape = self._shape_of(self._in_shape, tuple(int(c) for c in counts))
+        what = "moe: experts backward" if backward else "moe: experts"
+        self.ep.replace_declared(what, expert_kernels(shape, self._context(), shape.counts, backward))
+        self.ep.charge(what, optional=True)
+
+    def _context(self):
+        return self.ep.work_context(self.dtype if self.dtype is not None else np.float32)
+
+    def _shape_of(self, x_shape, counts=None):
+        t, b, s_loc = self.tp.size, x_shape[0], x_shape[1]
+        m = self.moe
+        n = s_loc * t if self.r.sp else s_loc
+        stats = None
+        if m.capacity_factor is not None or m.aux_loss_coef:  # the token group's statistics, gathered
+            g = self.group(b, n)
+            if g.comm is not None and g.comm.size > 1:
+                stats = (g.comm.size, len(g.runs))
+        return LayerShape(b, n, m.d_model, 1, 1, m.d_ff, mlp=m.mlp, bias=m.mlp == "gelu", tp=t, sp=self.r.sp,
+                          n_experts=m.n_experts, top_k=m.top_k, ep=self.ep.size, counts=counts, stats=stats)
+
+    def work(self, x_shape):
+        """The layer's :class:`~emulator.machine.work.Work` (an even router) for input ``x_shape``."""
+        return moe_work(self._shape_of(x_shape), self._context())
 
     def forward(self, P, x):
+        self._in_shape = np.shape(x)
+        with self.ep.declared(lambda: self.work(np.shape(x)).forward, "MoE forward"):
+            return self._forward(P, x)
+
+    def _forward(self, P, x):
         self._check(P)
         moe, c, k = self.moe, self.ep.size, self.moe.top_k
         xg = self.r.gather(x)
         x2 = xg.reshape(-1, moe.d_model)
         idx, weights, rc = route(P["router.w"], x2, k)
-        self.ep.compute(kernel=gemm(len(x2), moe.n_experts, moe.d_model), name="route")
+        self.ep.charge("moe: router")
         e_ids, tokens = idx.ravel(), np.repeat(np.arange(len(x2)), k)
         keep = np.ones(len(e_ids), bool)
         if moe.capacity_factor is not None or moe.aux_loss_coef:  # the group's statistics
@@ -142,12 +170,13 @@ class ParallelMoE:
                                   for j in range(self.n_local) for i in range(c)] + [[]]).astype(int)
         expert_counts = recv_counts.sum(0)
         ys, ec = experts_forward(self._experts(P), rows[regroup], expert_counts)
-        self._charge(expert_counts, "experts")
+        self._charge(expert_counts)
         out_rows = np.empty_like(rows)
         out_rows[regroup] = ys
         back = self.ep.all_to_all_single(out_rows, send_splits.tolist(), recv_splits.tolist())
         y = np.zeros_like(x2)
         np.add.at(y, tokens[order], weights.ravel()[order, None] * back)
+        self.ep.charge("moe: weighted sum")
         cache = {"route": rc, "weights": weights, "order": order, "tokens": tokens, "back": back, "kept": regroup,
                  "rows": len(rows), "experts": ec, "counts": expert_counts, "dropped": int((~keep).sum()),
                  "splits": (send_splits.tolist(), recv_splits.tolist()), "shape": np.shape(xg)}
@@ -160,6 +189,11 @@ class ParallelMoE:
     # ----------------------------------------------------------------- backward
     def backward(self, P, cache, dy):
         """(dx for this rank's tokens, gradients of this rank's parameters)."""
+        self._in_shape = np.shape(dy)
+        with self.ep.declared(lambda: self.work(np.shape(dy)).backward_input, "MoE backward"):
+            return self._backward(P, cache, dy)
+
+    def _backward(self, P, cache, dy):
         moe = self.moe
         dy2 = self.r.reduce_back(dy).reshape(-1, moe.d_model)
         order, tokens, back, regroup = cache["order"], cache["tokens"], cache["back"], cache["kept"]
@@ -174,7 +208,7 @@ class ParallelMoE:
         experts = self._experts(P)
         dxs = experts_backward_input(experts, cache["experts"], d_experts)
         grads = experts_backward_weight(experts, cache["experts"], d_experts)  # fc2.b's: whole on every tp rank
-        self._charge(cache["counts"], "experts backward", passes=2)
+        self._charge(cache["counts"], backward=True)
         dx_rows = np.empty_like(dy2, shape=(cache["rows"], moe.d_model))
         dx_rows[regroup] = dxs
         dx_back = self.ep.all_to_all_single(dx_rows, send_splits, recv_splits)
@@ -184,7 +218,7 @@ class ParallelMoE:
             dx = np.zeros_like(dx)  # the router's input gradient once over tp, as the bias is added once
         np.add.at(dx, tokens[order], dx_back)
         grads["router.w"] = cache["route"]["x"].T @ dlogits
-        self.ep.compute(kernel=gemm(len(dy2), moe.n_experts, moe.d_model, count=2), name="route backward")
+        self.ep.charge("moe: router backward")
         return self.r.gather_back(dx.reshape(cache["shape"])), grads
 
     def backward_input(self, P, cache, dy):
@@ -239,48 +273,55 @@ def backward(comm, moe, params, cache, dy):
 
 
 # ----------------------------------------------------------------- the declaration of its work
+def expert_kernels(s, ctx, counts, backward=False):
+    """The GEMMs and activations of this rank's experts on ``counts`` rows each (the
+    declaration's even share, or, in a run, the rows routing sent them)."""
+    st, c, w = ctx.stack, ctx.dtype("compute"), s.widen
+    out = ()
+    for e, n in enumerate(counts):
+        if not n:
+            continue
+        name = f"moe: experts{' backward' if backward else ''}: {e}"
+        if not backward:
+            out += (Gemm(f"{name} fc1", n, w * s.ff, s.d, c),) + \
+                elementwise.activation(st, f"{name} activation", n, s.ff, c, s.mlp, s.bias) + \
+                (Gemm(f"{name} fc2", n, s.d, s.ff, c),)
+        else:
+            out += (Gemm(f"{name} fc2 dgrad", n, s.ff, s.d, c),) + \
+                elementwise.activation_backward(st, f"{name} activation", n, s.ff, c, s.mlp) + \
+                (Gemm(f"{name} fc1 dgrad", n, s.d, w * s.ff, c),) + wgrad(ctx, f"{name} fc2 wgrad", s.ff, s.d, n) + \
+                wgrad(ctx, f"{name} fc1 wgrad", s.d, w * s.ff, n)
+    return out
+
+
 def moe_work(s, ctx):
     """The MoE layer's :class:`~emulator.machine.work.Work` on a rank: the router, the count
     exchange and the two all-to-alls each way, and each local expert's GEMMs and activation
     on the rows routed to it (``s.counts``; None: an even router, ``rows x top_k / E``
     each). Its backward computes the weight gradients with the input gradients (B holds
     both; W is empty)."""
-    st, c, e_dt = ctx.stack, ctx.dtype("compute"), ctx.dtype("ep")
+    c, e_dt = ctx.dtype("compute"), ctx.dtype("ep")
     E, local, R = s.n_experts, s.n_experts // s.ep, s.rows * s.top_k
     counts = s.counts if s.counts is not None else (R // E,) * local  # rows each local expert receives
     per_peer = R // s.ep * s.d * dtype_bytes(e_dt)  # an even router: each peer gets its share of the rows
     idx = E // s.ep * 8  # int64 counts per peer
-    w = s.widen
-
-    def expert(e, n, backward=False):
-        if not n:
-            return ()
-        if not backward:
-            return (Gemm(f"moe: expert {e} fc1", n, w * s.ff, s.d, c),) + \
-                elementwise.activation(st, f"moe: expert {e} activation", n, s.ff, c, s.mlp, s.bias) + \
-                (Gemm(f"moe: expert {e} fc2", n, s.d, s.ff, c),)
-        return (Gemm(f"moe: expert {e} fc2 dgrad", n, s.ff, s.d, c),) + \
-            elementwise.activation_backward(st, f"moe: expert {e} activation", n, s.ff, c, s.mlp) + \
-            (Gemm(f"moe: expert {e} fc1 dgrad", n, s.d, w * s.ff, c),) + \
-            wgrad(ctx, f"moe: expert {e} fc2 wgrad", s.ff, s.d, n) + wgrad(ctx, f"moe: expert {e} fc1 wgrad", s.d,
-                                                                            w * s.ff, n)
-
-    F = region_gather(s, ctx, "moe") + (Gemm("moe: router", s.rows, E, s.d, c),
-                                        AllToAll("moe: count exchange", "ep", s.ep, idx, "int64"),
+    F = region_gather(s, ctx, "moe") + (Gemm("moe: router", s.rows, E, s.d, c),)
+    if s.stats is not None:  # capacity or the load-balancing loss: (keys, counts per run, sums, tokens) of each rank
+        size, runs = s.stats
+        F += (Collective("moe: token-group statistics", "all_gather", "group", size,
+                         size * (runs + runs * E + E + 1) * 8, "fp64"),)
+    F += (AllToAll("moe: count exchange", "ep", s.ep, idx, "int64"),
                                         AllToAll("moe: dispatch", "ep", s.ep, per_peer, e_dt))
-    for e, n in enumerate(counts):
-        F += expert(e, n)
-    F += (AllToAll("moe: combine", "ep", s.ep, per_peer, e_dt),
-          Memory("moe: weighted sum", "moe", R * s.d * dtype_bytes(c), s.rows * s.d * dtype_bytes(c)))
+    F += expert_kernels(s, ctx, counts) + (AllToAll("moe: combine", "ep", s.ep, per_peer, e_dt),
+                                           Memory("moe: weighted sum", "moe", R * s.d * dtype_bytes(c),
+                                                  s.rows * s.d * dtype_bytes(c)))
     F += region_reduce(s, ctx, "moe")
     B = region_reduce_back(s, ctx, "moe")
     if s.tp > 1:
         t_dt = ctx.dtype("tp")
         B += (Collective("moe: all-reduce routing weights' grads", "all_reduce", "tp", s.tp, R * dtype_bytes(t_dt),
                          t_dt),)
-    B += (AllToAll("moe: dispatch grads", "ep", s.ep, per_peer, e_dt),)
-    for e, n in enumerate(counts):
-        B += expert(e, n, backward=True)
+    B += (AllToAll("moe: dispatch grads", "ep", s.ep, per_peer, e_dt),) + expert_kernels(s, ctx, counts, True)
     B += (AllToAll("moe: combine grads", "ep", s.ep, per_peer, e_dt),
           Gemm("moe: router backward", s.rows, E, s.d, c, count=2)) + region_gather_back(s, ctx, "moe")
     return Work("moe", F, B, (), F)

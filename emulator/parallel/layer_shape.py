@@ -37,6 +37,8 @@ class LayerShape:
     top_k: int = 1
     ep: int = 1
     counts: tuple = None  # rows routed to each of this rank's experts (None: an even router)
+    stats: tuple = None  # (ranks, runs) of the MoE token group whose statistics are all-gathered, or None
+    partial_grads: bool = False  # the block all-reduces its partial (sequence-parallel) gradients itself
 
     def __post_init__(self):
         if self.head_dim is None:
@@ -82,9 +84,11 @@ class LayerShape:
 
 
 def of_plan(model, dims, b, seq_len):
-    """The shape of one block on a rank of ``dims`` for ``model`` (a ModelSpec)."""
+    """The shape of one block on a rank of ``dims`` for ``model`` (a ModelSpec). Full
+    recomputation is the pipeline stage's (it runs a layer's forward again), not the block's."""
     return LayerShape(b, seq_len // dims.cp, model.d_model, model.n_heads, model.n_kv_heads, model.d_ff,
                       model.vocab, model.head_dim, model.mlp, getattr(model, "bias", True),
                       getattr(model, "norm", "layernorm"), model.positions == "rope", getattr(model, "dropout", 0.0),
                       True, dims.tp, dims.sequence_parallel, dims.cp, dims.cp_attention, dims.cp_layout,
-                      dims.recompute, False, model.n_experts, model.top_k, dims.ep)
+                      "none" if dims.recompute == "full" else dims.recompute, False, model.n_experts, model.top_k,
+                      dims.ep)

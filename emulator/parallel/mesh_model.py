@@ -22,13 +22,13 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..machine import elementwise
-from ..machine.kernels import gemm, memory_bound
-from ..machine.work import Collective, Gemm, Memory, Work, dtype_bytes
+from ..machine.work import Collective, Gemm, Memory, Work, dtype_bytes, np_dtype
 from ..nn.layernorm import layer_norm, layer_norm_backward
 from ..nn.moe import MoE
 from .attention_cores import RingCore, UlyssesCore
 from .context_parallel.layout import positions
 from .expert_parallel import ParallelMoE
+from .layer_shape import LayerShape
 from .placement import Placement
 from .token_groups import TokenGroup
 from .tp_block import TensorParallelBlock
@@ -43,8 +43,8 @@ class ParallelEmbedding:
 
     charges_itself = True
 
-    def __init__(self, regions, vocab, d_model, cp_rank, cp_size, layout):
-        self.r, self.vocab, self.d = regions, vocab, d_model
+    def __init__(self, regions, vocab, d_model, cp_rank, cp_size, layout, dtype=np.float32):
+        self.r, self.vocab, self.d, self.dtype = regions, vocab, d_model, dtype
         self.cp_rank, self.cp_size, self.layout = cp_rank, cp_size, layout
 
     def placements(self):
@@ -54,24 +54,34 @@ class ParallelEmbedding:
     def _positions(self, n):
         return positions(self.cp_rank, self.cp_size, n, self.layout) if self.cp_size > 1 else np.arange(n)
 
+    def work(self, ids_shape):
+        b, n = ids_shape
+        s = _shape(self.r, b, n, self.d, vocab=self.vocab)
+        return embedding_work(s, self.r.comm.work_context(self.dtype))
+
     def forward(self, P, ids):
-        part, cache = vocab_parallel_lookup(self.r.comm, P["tok.w"], ids, self.vocab)
-        self.r.comm.compute(kernel=memory_bound(2 * part.nbytes), name="embedding")
-        tok = self.r.reduce(part)  # the ranks' rows summed: all-reduce, or reduce-scatter along the sequence
-        pos = self._positions(ids.shape[1])
-        if self.r.sp:
-            pos = pos[self.r.sequence_slice(len(pos))]
-        cache["pos"] = pos
-        return tok + P["pos.w"][pos], cache
+        with self.r.comm.declared(lambda: self.work(np.shape(ids)).forward, "embedding forward"):
+            part, cache = vocab_parallel_lookup(self.r.comm, P["tok.w"], ids, self.vocab)
+            self.r.comm.charge("embed: lookup")
+            tok = self.r.reduce(part)  # the ranks' rows summed: all-reduce, or reduce-scatter along the sequence
+            pos = self._positions(ids.shape[1])
+            if self.r.sp:
+                pos = pos[self.r.sequence_slice(len(pos))]
+            cache["pos"], cache["ids shape"] = pos, np.shape(ids)
+            self.r.comm.charge("embed: positions")
+            return tok + P["pos.w"][pos], cache
 
     def backward_input(self, P, cache, dy):
         return None
 
     def backward_weight(self, P, cache, dy):
-        g_tok = vocab_parallel_embedding_backward(P["tok.w"], cache, self.r.reduce_back(dy))  # the whole sequence's
-        g_pos = np.zeros_like(P["pos.w"], dtype=dy.dtype)
-        np.add.at(g_pos, cache["pos"], dy.sum(0))
-        return {"tok.w": g_tok, "pos.w": g_pos}
+        with self.r.comm.declared(lambda: self.work(cache["ids shape"]).backward_weight, "embedding backward (W)"):
+            g_tok = vocab_parallel_embedding_backward(P["tok.w"], cache, self.r.reduce_back(dy))  # whole sequence's
+            self.r.comm.charge("embed: table grad")
+            g_pos = np.zeros_like(P["pos.w"], dtype=dy.dtype)
+            np.add.at(g_pos, cache["pos"], dy.sum(0))
+            self.r.comm.charge("embed: positions grad")
+            return {"tok.w": g_tok, "pos.w": g_pos}
 
     def flops(self, shape):
         return {"forward": 0, "backward_input": 0, "backward_weight": 0}
@@ -82,36 +92,44 @@ class ParallelHead:
 
     charges_itself = True
 
-    def __init__(self, regions, d_model, vocab):
-        self.r, self.d, self.vocab = regions, d_model, vocab
+    def __init__(self, regions, d_model, vocab, dtype=np.float32):
+        self.r, self.d, self.vocab, self.dtype = regions, d_model, vocab, dtype
 
     def placements(self):
         sp = ("tp",) if self.r.sp else ()
         return {"ln.g": Placement(partial=sp), "ln.b": Placement(partial=sp), "proj.w": Placement((("tp", 1),))}
 
+    def work(self, x_shape):
+        b, s_loc = x_shape[0], x_shape[1]
+        s = _shape(self.r, b, s_loc * self.r.comm.size if self.r.sp else s_loc, self.d, vocab=self.vocab)
+        return head_work(s, self.r.comm.work_context(self.dtype))
+
     def forward(self, P, x):
-        self.r.comm.compute(kernel=memory_bound(2 * x.nbytes), name="final norm")
-        h = layer_norm(x, P["ln.g"], P["ln.b"])
-        hg = self.r.gather(h)  # the whole sequence under SP; f (identity) without
-        rows = hg.shape[0] * hg.shape[1]
-        self.r.comm.compute(kernel=gemm(rows, P["proj.w"].shape[1], self.d), name="output layer")
-        return hg @ P["proj.w"], {"x": x, "h": h}
+        with self.r.comm.declared(lambda: self.work(np.shape(x)).forward, "head forward"):
+            self.r.comm.charge("final norm")
+            h = layer_norm(x, P["ln.g"], P["ln.b"])
+            hg = self.r.gather(h)  # the whole sequence under SP; f (identity) without
+            self.r.comm.charge("head: output layer")
+            return hg @ P["proj.w"], {"x": x, "h": h}
 
     def backward_input(self, P, cache, dlogits):
-        rows = dlogits.shape[0] * dlogits.shape[1]
-        self.r.comm.compute(kernel=gemm(rows, self.d, P["proj.w"].shape[1], count=2), name="output layer backward")
-        dh = self.r.gather_back(dlogits @ P["proj.w"].T)
-        dx, cache["ln.g"], cache["ln.b"] = layer_norm_backward(cache["x"], P["ln.g"], dh)
-        cache["dlogits"] = dlogits
-        return dx
+        with self.r.comm.declared(lambda: self.work(np.shape(cache["x"])).backward_input, "head backward (B)"):
+            self.r.comm.charge("head: output layer dgrad")
+            dh = self.r.gather_back(dlogits @ P["proj.w"].T)
+            dx, cache["ln.g"], cache["ln.b"] = layer_norm_backward(cache["x"], P["ln.g"], dh)
+            self.r.comm.charge("final norm backward")
+            cache["dlogits"] = dlogits
+            return dx
 
     def backward_weight(self, P, cache, dlogits):
         if "dlogits" not in cache:
             self.backward_input(P, cache, dlogits)
-        hg = self.r.gather(cache["h"])  # gathered again for the weight gradient, as the blocks do
-        rows = hg.shape[0] * hg.shape[1]
-        return {"proj.w": hg.reshape(rows, -1).T @ cache.pop("dlogits").reshape(rows, -1),
-                "ln.g": cache.pop("ln.g"), "ln.b": cache.pop("ln.b")}
+        with self.r.comm.declared(lambda: self.work(np.shape(cache["x"])).backward_weight, "head backward (W)"):
+            hg = self.r.gather(cache["h"])  # gathered again for the weight gradient, as the blocks do
+            rows = hg.shape[0] * hg.shape[1]
+            self.r.comm.charge("head: output layer wgrad")
+            return {"proj.w": hg.reshape(rows, -1).T @ cache.pop("dlogits").reshape(rows, -1),
+                    "ln.g": cache.pop("ln.g"), "ln.b": cache.pop("ln.b")}
 
     def flops(self, shape):
         return {"forward": 0, "backward_input": 0, "backward_weight": 0}
@@ -126,13 +144,13 @@ class RankModel:
         self.d_model, self.dtype, self.vocab = gpt.d_model, gpt.dtype, gpt.vocab
         tp, cp, ep = comms["tp"], comms["cp"], comms["ep"]
         self.tp, self.cp, self.ep = tp, cp, ep
-        regions = TPRegions(tp, dims.sequence_parallel)
+        regions = TPRegions(tp, dims.sequence_parallel, np_dtype(tp.work_context(gpt.dtype).dtype("tp")))
         self.regions = regions
         self.layers = [("embed", ParallelEmbedding(regions, gpt.vocab, gpt.d_model, cp.rank, cp.size,
-                                                   dims.cp_layout))]
+                                                   dims.cp_layout, gpt.dtype))]
         for i in range(gpt.n_layers):
             self.layers.append((f"blocks.{i}", self._block(gpt, dims, regions, tp, cp, ep)))
-        self.layers.append(("head", ParallelHead(regions, gpt.d_model, gpt.vocab)))
+        self.layers.append(("head", ParallelHead(regions, gpt.d_model, gpt.vocab, gpt.dtype)))
 
     def _block(self, gpt, dims, regions, tp, cp, ep):
         core = None
@@ -147,7 +165,7 @@ class RankModel:
             def group(batch, seq):  # the tokens of one micro-batch of one data-parallel replica
                 return TokenGroup.sequence(cp, batch, seq, layout) if cp.size > 1 else TokenGroup.local(cp, batch * seq)
 
-            mlp = ParallelMoE(moe, ep, regions, group)
+            mlp = ParallelMoE(moe, ep, regions, group, dtype=gpt.dtype)
         return TensorParallelBlock(tp, gpt.d_model, gpt.n_heads, gpt.d_ff, causal=True,
                                    sequence_parallel=dims.sequence_parallel, act_dtype=gpt.dtype,
                                    recompute="selective" if dims.recompute == "selective" else "none",
@@ -158,12 +176,25 @@ class RankModel:
         b, n = ids_shape
         return (b, n // self.tp.size if self.dims.sequence_parallel else n, self.d_model), np.dtype(self.dtype)
 
-    def loss(self, logits_shard, y):
-        loss, grad = vocab_parallel_cross_entropy(self.tp, logits_shard, y, self.vocab)
-        return loss, grad
+    def loss_work(self, logits_shape):
+        b, n = logits_shape[0], logits_shape[1]
+        s = _shape(self.regions, b, n, self.d_model, vocab=self.vocab)
+        return loss_work(s, self.tp.work_context(self.dtype))
 
-    def loss_backward(self, grad, scale):
-        return grad * scale
+    def loss(self, logits_shard, y):
+        with self.tp.declared(lambda: self.loss_work(np.shape(logits_shard)).forward, "loss"):
+            loss, grad = vocab_parallel_cross_entropy(self.tp, logits_shard, y, self.vocab, self._loss_dtype())
+            self.tp.charge("loss")
+            return loss, (grad, np.shape(logits_shard))
+
+    def _loss_dtype(self):
+        return np_dtype(self.tp.work_context(self.dtype).dtype("loss")) if self.tp.precision else None
+
+    def loss_backward(self, cache, scale):
+        grad, shape = cache
+        with self.tp.declared(lambda: self.loss_work(shape).backward_input, "loss backward"):
+            self.tp.charge("loss backward")
+            return grad * scale
 
     # ----------------------------------------------------------------- where parameters live
     def placements(self, names=None):
@@ -188,6 +219,11 @@ def check_model(gpt):
 
 
 # ----------------------------------------------------------------- the declarations of their work
+def _shape(regions, b, n, d, vocab):
+    """The shape of a vocabulary-parallel layer: ``n`` positions (the whole local sequence)."""
+    return LayerShape(b, n, d, 1, 1, 1, vocab, tp=regions.comm.size, sp=regions.sp)
+
+
 def embedding_work(s, ctx, learned=True):
     """The vocabulary-parallel lookup (this rank's rows of the table), the reduction over tp,
     the position table's rows added; backward the table's gradient (a scatter-add)."""

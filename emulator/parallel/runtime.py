@@ -141,14 +141,19 @@ def shape_only_batches(steps, batch, seq):
 
 
 def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_grad_norm=None, shape_only=False,
-                fold=None, checkpoint_dir=None, resume_from=None, faults=(), watchdog_timeout=DEFAULT_WATCHDOG_TIMEOUT):
+                fold=None, checkpoint_dir=None, resume_from=None, faults=(), watchdog_timeout=DEFAULT_WATCHDOG_TIMEOUT,
+                stack=None, precision=None):
     """Train ``model`` (an ``nn.GPT``) from ``params`` on ``batches`` with the parallelism
     ``dims``; returns a :class:`MeshRun`. ``fold`` (shape-only runs; default ``("dp",
     "tp")``): mesh axes whose ranks all do the same, run once per set (see
     :class:`~emulator.engine.world.World`); the groups that cross them are charged for
     every rank on the real topology. ``checkpoint_dir``: a folder (or a ``Checkpointing``)
     to save into; ``resume_from``: a checkpoint (or its folder) to start from, with
-    ``params=None``; ``faults``, ``watchdog_timeout``: as ``World``'s."""
+    ``params=None``; ``faults``, ``watchdog_timeout``: as ``World``'s. ``stack``: the
+    software stack the step is timed as (a name or a Stack; None: ``"megatron-core"``);
+    ``precision``: the policy its numbers are kept and sent in (None: the stack's for a bf16
+    model; a float32 or float64 model keeps every number as its arrays hold it, so the run
+    stays exact)."""
     check_model(model)
     restart = _restart(model, params, optimizer, resume_from, shape_only)
     if shape_only and checkpoint_dir is not None:
@@ -166,8 +171,9 @@ def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_gra
         fold = ("dp", "tp") if shape_only else ()
     if fold and not shape_only:
         raise ConfigError("fold= needs shape_only=True: folded ranks have no data of their own")
+    stack, precision = run_precision(model, stack, precision)
     world = World(mesh=dims.mesh(topology.gpus_per_node), topology=topology, fold=fold, faults=faults,
-                  watchdog_timeout=watchdog_timeout)
+                  watchdog_timeout=watchdog_timeout, stack=stack, precision=precision)
     saver = Saver(checkpoint_dir, dims.world_size) if checkpoint_dir is not None else None
     first_step = restart.checkpoint.step if restart is not None else 0
     if saver is not None:
@@ -205,6 +211,7 @@ def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_gra
                 norm = float(np.sqrt(comms["dp,cp"].all_reduce(squares)[0]))
                 scale = clip_coefficient(norm, clip_grad_norm)
             hooks.apply(scale)
+            comm.sync_host()  # the step's loss is read on the host
             stage.losses, stage.done = {}, []
             losses.append([step[k] for k in sorted(step)])
             train.advance()
@@ -227,6 +234,19 @@ def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_gra
     return MeshRun(full, _losses([r for r in results if r], len(batches)), world, dims,
                    [r["layers"] if r else None for r in results], first_step, results[world.live[0]]["seeds"],
                    saver.finish({}) if saver is not None else [])
+
+
+def run_precision(model, stack=None, precision=None):
+    """(the Stack, the policy) of a run of ``model``: ``precision`` if given, else the
+    stack's policy for a bf16 model, else None (every number as the arrays hold it)."""
+    from ..machine.precision import precision_preset
+    from ..machine.stack import stack_preset
+
+    stack = stack_preset(stack)
+    if precision is not None:
+        return stack, precision_preset(precision)
+    is_bf16 = np.dtype(model.dtype).name == "bfloat16"
+    return stack, (stack.precision if is_bf16 else None)
 
 
 def _restart(model, params, optimizer, resume_from, shape_only):

@@ -15,17 +15,21 @@ backward: do = reduce_back(dy)               dWo = o^T do, dbo = sum dy
 """
 
 
+import numpy as np
+
 from ..machine import elementwise
-from ..machine.kernels import gemm
 from ..machine.work import Gemm, Work
+from .layer_shape import LayerShape
 from .placement import Placement
 from .tp_regions import (ColumnThenRow, ready, region_gather, region_gather_again, region_gather_back, region_reduce,
                          region_reduce_back, wgrad)
 
 
 class ParallelAttention(ColumnThenRow):
-    def __init__(self, regions, d_model, n_heads, n_kv_heads, core, keep=None, keep_gathered_input=False):
+    def __init__(self, regions, d_model, n_heads, n_kv_heads, core, keep=None, keep_gathered_input=False,
+                 dtype=None):
         t = regions.comm.size
+        self.dtype = dtype
         self.r, self.d, self.core = regions, d_model, core
         self.dh = d_model // n_heads
         self.heads, self.kv_heads = n_heads // t, n_kv_heads // t
@@ -48,20 +52,40 @@ class ParallelAttention(ColumnThenRow):
         b, h, s, dh = t.shape
         return t.transpose(0, 2, 1, 3).reshape(b, s, h * dh)
 
-    def _gemm(self, rows, n, k, what, count=1):
-        self.r.comm.compute(kernel=gemm(rows, n, k, count=count), name=what)
+    def _gemm(self, what):
+        self.r.comm.charge(what)
+
+    def work(self, x_shape, dtype=None):
+        """This attention's :class:`~emulator.machine.work.Work` for an input of ``x_shape``."""
+        from .attention_cores import UlyssesCore, core_work
+
+        t, b, s_loc = self.r.comm.size, x_shape[0], x_shape[1]
+        cp = getattr(self.core, "cp", None)
+        shape = LayerShape(b, s_loc * t if self.r.sp else s_loc, self.d, self.heads * t, self.kv_heads * t, 1,
+                           head_dim=self.dh, dropout=getattr(self.core, "p", 0.0),
+                           causal=getattr(self.core, "causal", True), tp=t, sp=self.r.sp,
+                           cp=cp.size if cp is not None else 1,
+                           cp_attention="ulysses" if isinstance(self.core, UlyssesCore) else "ring",
+                           cp_layout=getattr(self.core, "layout", "zigzag"),
+                           recompute=getattr(self.core, "recompute", "none"), keep_gathered=self.keep_gathered)
+        ctx = self.r.comm.work_context(dtype if dtype is not None else self.dtype or np.float32)
+        return attention_work(shape, ctx, core_work(shape, ctx, cp.rank if cp is not None else 0))
 
     def forward(self, P, x):
+        with self._declared(x, ("forward",), "attention forward"):
+            return self._forward(P, x)
+
+    def _forward(self, P, x):
         xg = self.r.gather(x)  # (b, s, d)
         c = {"q, k, v projections' input": self.keep(xg if self.keep_gathered else x)}
         rows = xg.shape[0] * xg.shape[1]
         q = self._heads(xg @ P["q.w"] + P["q.b"], self.heads)
         k, v = (self._heads(xg @ P[f"{n}.w"] + P[f"{n}.b"], self.kv_heads) for n in "kv")
-        self._gemm(rows, P["q.w"].shape[1] + 2 * P["k.w"].shape[1], self.d, "q, k, v")
+        self._gemm("attention: qkv")
         heads, c["core"] = self.core.forward(q, k, v)
         ctx = self._merge(heads)  # (b, s, d/t)
         c["output projection input"] = self.keep(ctx)
-        self._gemm(rows, self.d, ctx.shape[-1], "output projection")
+        self._gemm("attention: output projection")
         return self.r.reduce(ctx @ P["o.w"]) + P["o.b"], c
 
     # ----------------------------------------------------------------- backward, in pieces
@@ -69,13 +93,13 @@ class ParallelAttention(ColumnThenRow):
         """The input gradient through o and the core: (dq, dk, dv) merged, (b, s, .../t)."""
         rows = do.shape[0] * do.shape[1]
         dctx = do @ P["o.w"].T
-        self._gemm(rows, P["o.w"].shape[0], self.d, "output projection backward")
+        self._gemm("attention: output projection dgrad")
         dq, dk, dv = self.core.backward(c["core"], self._heads(dctx, self.heads))
         return [self._merge(g) for g in (dq, dk, dv)]
 
     def _input_grad(self, P, dqkv):
         rows = dqkv[0].shape[0] * dqkv[0].shape[1]
-        self._gemm(rows, self.d, P["q.w"].shape[1] + 2 * P["k.w"].shape[1], "q, k, v backward")
+        self._gemm("attention: qkv dgrad")
         return sum(g @ P[f"{n}.w"].T for n, g in zip("qkv", dqkv))
 
     def _gathered_input(self, c, dtype, async_op=False):
@@ -86,8 +110,8 @@ class ParallelAttention(ColumnThenRow):
     def _weight_grads(self, c, do, dy_local, dqkv, xg):
         ctx = c["output projection input"].astype(do.dtype, copy=False)
         rows = do.shape[0] * do.shape[1]
-        self._gemm(self.d, ctx.shape[-1], rows, "weight gradients", count=1)
-        self._gemm(xg.shape[-1], sum(g.shape[-1] for g in dqkv), rows, "weight gradients")
+        self._gemm("attention: output projection wgrad")
+        self._gemm("attention: qkv wgrad")
         grads = {"o.w": ctx.reshape(rows, -1).T @ do.reshape(rows, -1), "o.b": dy_local.sum((0, 1))}
         x2 = xg.reshape(rows, -1)
         for n, g in zip("qkv", dqkv):
@@ -104,8 +128,8 @@ def attention_work(s, ctx, core):
     output projection, and the tensor-parallel regions around them."""
     st, c = ctx.stack, ctx.dtype("compute")
     hd, kvd = s.h * s.head_dim, s.kv * s.head_dim
-    proj = [("q, k, v", s.qkv)] if st.name.startswith("megatron") else [("q", hd), ("k", kvd), ("v", kvd)]
-    F = region_gather(s, ctx, "attention") + tuple(Gemm(f"attention: {n}", s.rows, cols, s.d, c) for n, cols in proj)
+    proj = [("", s.qkv)] if st.name.startswith("megatron") else [(": q", hd), (": k", kvd), (": v", kvd)]
+    F = region_gather(s, ctx, "attention") + tuple(Gemm(f"attention: qkv{n}", s.rows, cols, s.d, c) for n, cols in proj)
     rope = ()
     if s.rope:
         rope = elementwise.rope(st, "attention: rope q", s.rows, s.h, s.head_dim, c) + \
@@ -117,11 +141,11 @@ def attention_work(s, ctx, core):
     if s.rope:
         B += elementwise.rope(st, "attention: rope q", s.rows, s.h, s.head_dim, c, backward=True) + \
             elementwise.rope(st, "attention: rope k", s.rows, s.kv, s.head_dim, c, backward=True)
-    B += tuple(Gemm(f"attention: {n} dgrad", s.rows, s.d, cols, c) for n, cols in proj)
+    B += tuple(Gemm(f"attention: qkv dgrad{n}", s.rows, s.d, cols, c) for n, cols in proj)
     for _ in proj[1:]:
-        B += elementwise.residual_grad("attention: input grads: add", s.rows, s.d, c)
+        B += elementwise.residual_grad("attention: qkv dgrad: add", s.rows, s.d, c)
     B += region_gather_back(s, ctx, "attention")
     W = region_gather_again(s, ctx, "attention") + wgrad(ctx, "attention: output projection wgrad", hd, s.d, s.rows)
     for n, cols in proj:
-        W += wgrad(ctx, f"attention: {n} wgrad", s.d, cols, s.rows)
+        W += wgrad(ctx, f"attention: qkv wgrad{n}", s.d, cols, s.rows)
     return Work("attention", F, B, W, F)

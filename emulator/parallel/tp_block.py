@@ -28,16 +28,18 @@ block (same parameter names), on the ranks of a tp group (``comm``; size 1 is on
   keeps only the input.
 """
 
+from functools import lru_cache
+
 import numpy as np
 
 from ..errors import ConfigError
 from ..machine import elementwise
-from ..machine.kernels import memory_bound
-from ..machine.work import Work
+from ..machine.work import Collective, Work, dtype_bytes, np_dtype
 from ..nn.dropout import apply as drop, dropout_mask
 from ..nn.layernorm import layer_norm, layer_norm_backward
 from ..nn.module import sub
-from .attention_cores import DenseCore
+from .attention_cores import DenseCore, UlyssesCore
+from .layer_shape import LayerShape
 from .placement import Placement, shard
 from .tp_attention import ParallelAttention
 from .tp_mlp import ParallelMLP
@@ -66,12 +68,14 @@ class TensorParallelBlock:
         self.comm, self.d_model, self.n_heads, self.d_ff = comm, d_model, n_heads, d_ff
         self.sp, self.p, self.seed, self.act, self.recompute = sequence_parallel, dropout, seed, act_dtype, recompute
         self.reduce_partial_grads = reduce_partial_grads
-        self.regions = TPRegions(comm, sequence_parallel)
+        self.regions = TPRegions(comm, sequence_parallel, np_dtype(comm.work_context(act_dtype).dtype("tp")))
         keep = self._keep
         core = core or DenseCore(comm, causal, dropout, seed, recompute, keep,
                                  heads=(comm.rank * n_heads // t, n_heads))
-        self.attn = ParallelAttention(self.regions, d_model, n_heads, n_kv_heads, core, keep, keep_gathered_input)
-        self.mlp = ParallelMLP(self.regions, d_model, d_ff, mlp, keep, keep_gathered_input) if dense else mlp
+        self.attn = ParallelAttention(self.regions, d_model, n_heads, n_kv_heads, core, keep, keep_gathered_input,
+                                      dtype=act_dtype)
+        self.mlp = ParallelMLP(self.regions, d_model, d_ff, mlp, keep, keep_gathered_input, dtype=act_dtype) if dense \
+            else mlp
 
     # ----------------------------------------------------------------- where parameters live
     def placements(self):
@@ -106,31 +110,61 @@ class TensorParallelBlock:
         return dropout_mask(self.seed * 7919 + {"drop1": 2, "drop2": 3}[which], (b, s, d),
                             (slice(None), seq, slice(None)), self.p)
 
-    def _norm(self, x, g, b):
-        self.comm.compute(kernel=memory_bound(2 * x.nbytes), name="layer norm")
+    def _norm(self, x, g, b, name):
+        self.comm.charge(name)
         return layer_norm(x, g, b)
+
+    # ----------------------------------------------------------------- its declared work
+    def shape(self, x_shape):
+        """The :class:`~.layer_shape.LayerShape` of a micro-batch whose input is ``x_shape``."""
+        b, s_loc = x_shape[0], x_shape[1]
+        core, mlp = self.attn.core, self.mlp
+        cp = getattr(core, "cp", None)
+        moe = getattr(mlp, "moe", None)
+        return LayerShape(b, s_loc * self.comm.size if self.sp else s_loc, self.d_model, self.n_heads,
+                          self.attn.kv_heads * self.comm.size, self.d_ff, mlp=moe.mlp if moe else mlp.kind,
+                          bias=True, dropout=self.p, causal=getattr(core, "causal", True), tp=self.comm.size,
+                          sp=self.sp, cp=cp.size if cp is not None else 1,
+                          cp_attention="ulysses" if isinstance(core, UlyssesCore) else "ring",
+                          cp_layout=getattr(core, "layout", "zigzag"), recompute=self.recompute,
+                          keep_gathered=self.attn.keep_gathered, n_experts=moe.n_experts if moe else 0,
+                          top_k=moe.top_k if moe else 1, ep=mlp.ep.size if moe else 1,
+                          stats=mlp._shape_of(x_shape).stats if moe else None,
+                          partial_grads=self.sp and self.reduce_partial_grads and self.comm.size > 1)
+
+    def work(self, x_shape):
+        """This block's :class:`~emulator.machine.work.Work` for an input of ``x_shape``."""
+        cp = getattr(self.attn.core, "cp", None)
+        return declared_block(self.shape(x_shape), self.comm.work_context(self.act), cp.rank if cp else 0)
+
+    def _declared(self, x_shape, passes, what):
+        return self.comm.declared(lambda: sum((getattr(self.work(x_shape), p) for p in passes), ()), what)
 
     # ----------------------------------------------------------------- forward
     def forward(self, params, x):
         """y and the cache; x is (b, s, d), or (b, s/t, d) with sequence parallelism."""
-        if self.recompute == "full":
-            y, _ = self._forward(params, x)
-            return y, {"layer input": self._keep(x)}
-        return self._forward(params, x)
+        with self._declared(np.shape(x), ("forward",), "block forward"):
+            if self.recompute == "full":
+                y, _ = self._forward(params, x)
+                return y, {"layer input": self._keep(x)}
+            return self._forward(params, x)
 
     def _forward(self, P, x):
         c = {"LayerNorm 1 input": self._keep(x)}
-        o, c["attention"] = self.attn.forward(sub(P, "attn"), self._norm(x, P["ln1.g"], P["ln1.b"]))
+        o, c["attention"] = self.attn.forward(sub(P, "attn"), self._norm(x, P["ln1.g"], P["ln1.b"], "ln1"))
         m1 = self._mask("drop1", o)
         if m1 is not None:
             c["attention dropout mask"] = m1
         h = x + drop(o, m1, self.p)
+        self.comm.charge("bias-dropout-add 1")
         c["LayerNorm 2 input"] = self._keep(h)
-        z, c["mlp"] = self.mlp.forward(sub(P, "mlp"), self._norm(h, P["ln2.g"], P["ln2.b"]))
+        z, c["mlp"] = self.mlp.forward(sub(P, "mlp"), self._norm(h, P["ln2.g"], P["ln2.b"], "ln2"))
         m2 = self._mask("drop2", z)
         if m2 is not None:
             c["MLP dropout mask"] = m2
-        return h + drop(z, m2, self.p), c
+        out = h + drop(z, m2, self.p)
+        self.comm.charge("bias-dropout-add 2")
+        return out, c
 
     # ----------------------------------------------------------------- backward
     def _cache(self, P, c, dy):
@@ -143,6 +177,7 @@ class TensorParallelBlock:
     def _norm_back(self, c, name, P, d):
         x = c[{"ln1": "LayerNorm 1 input", "ln2": "LayerNorm 2 input"}[name]].astype(d.dtype, copy=False)
         dx, dg, db = layer_norm_backward(x, P[f"{name}.g"], d)
+        self.comm.charge(f"{name} backward")
         c.setdefault("norm grads", {}).update({f"{name}.g": dg, f"{name}.b": db})
         return dx
 
@@ -159,18 +194,30 @@ class TensorParallelBlock:
             return dx
 
         dz = drop(dy, c.get("MLP dropout mask"), self.p)
+        self.comm.charge("bias-dropout-add 2 backward")
         dh = dy + self._norm_back(c, "ln2", P, through(self.mlp, "mlp", "mlp", dz))
+        self.comm.charge("residual 2 grad")
         do = drop(dh, c.get("attention dropout mask"), self.p)
+        self.comm.charge("bias-dropout-add 1 backward")
         dx = dh + self._norm_back(c, "ln1", P, through(self.attn, "attn", "attention", do))
+        self.comm.charge("residual 1 grad")
         c["dys"] = {"mlp": dz, "attention": do}
         return dx, grads
 
     def backward_input(self, params, cache, dy):
-        return self._backward(params, cache, dy, split=True)[0]
+        with self._declared(self._in_shape(cache, dy), ("backward_input",), "block backward (B)"):
+            return self._backward(params, cache, dy, split=True)[0]
+
+    def _in_shape(self, cache, dy):
+        return np.shape(dy)
 
     def backward_weight(self, params, cache, dy):
         if "dys" not in cache:
             self.backward_input(params, cache, dy)
+        with self._declared(self._in_shape(cache, dy), ("backward_weight",), "block backward (W)"):
+            return self._weight(params, cache)
+
+    def _weight(self, params, cache):
         dys = cache.pop("dys")
         grads = {f"mlp.{k}": v for k, v in self.mlp.backward_weight(sub(params, "mlp"), cache["mlp"],
                                                                      dys["mlp"]).items()}
@@ -181,9 +228,10 @@ class TensorParallelBlock:
     def backward(self, params, cache, dy):
         """(dx, grads of this rank's parameters), the partial ones all-reduced if the block
         reduces them itself."""
-        dx, grads = self._backward(params, cache, dy, split=False)
-        cache.pop("dys")
-        return dx, self._finish(grads, cache)
+        with self._declared(np.shape(dy), ("backward_input", "backward_weight"), "block backward"):
+            dx, grads = self._backward(params, cache, dy, split=False)
+            cache.pop("dys")
+            return dx, self._finish(grads, cache)
 
     def _finish(self, grads, cache):
         grads.update(cache.pop("norm grads"))
@@ -223,6 +271,12 @@ def cached_terms(cache):
 
 
 # ----------------------------------------------------------------- the declaration of its work
+@lru_cache(maxsize=512)
+def declared_block(s, ctx, cp_rank=0):
+    """:func:`block_work`, kept for each shape."""
+    return block_work(s, ctx, cp_rank)
+
+
 def block_work(s, ctx, cp_rank=0):
     """One block's :class:`~emulator.machine.work.Work` on a rank, for a micro-batch of shape
     ``s``: the two norms, attention (its core as the stack and ``s`` say), the MLP or the
@@ -246,4 +300,11 @@ def block_work(s, ctx, cp_rank=0):
         elementwise.bias_dropout_add_backward(st, "bias-dropout-add 1", r, d, a, s.bias, s.dropout) + \
         attn.backward_input + elementwise.norm_backward(st, "ln1", r, d, a, p, s.norm) + \
         elementwise.residual_grad("residual 1 grad", r, d, a)
-    return Work("block", F, B, mlp.backward_weight + attn.backward_weight, F)
+    W = mlp.backward_weight + attn.backward_weight
+    if s.partial_grads:  # the norms' and the row-parallel biases' gradients, summed over tp by the block itself
+        g = ctx.dtype("grads")
+        n = 4 * d + d + (d if s.mlp == "gelu" and not s.n_experts else 0)
+        W += (Collective("block: all-reduce partial grads", "all_reduce", "tp", s.tp, n * dtype_bytes(g), g),)
+    if s.recompute == "full":  # the block keeps its input only and runs its forward again first
+        B = F + B
+    return Work("block", F, B, W, F)

@@ -60,7 +60,10 @@ def _back(y):
 
 def all_reduce_together(comm, tensors, keys):
     """``tensors`` with those of ``keys`` summed over ``comm``, in one all-reduce of all
-    of them laid end to end (small tensors: one call's latency, not one each)."""
+    of them laid end to end (small tensors: one call's latency, not one each). A group of
+    one sums nothing."""
+    if comm.size == 1 or not keys:
+        return dict(tensors)
     flat = comm.all_reduce(np.concatenate([tensors[k].reshape(-1) for k in keys]))
     out, i = dict(tensors), 0
     for k in keys:
@@ -70,22 +73,49 @@ def all_reduce_together(comm, tensors, keys):
 
 
 class TPRegions:
-    """The four operators of one tp group (``comm``), sequence-parallel or not."""
+    """The four operators of one tp group (``comm``), sequence-parallel or not. ``payload``:
+    the dtype their messages travel in (the precision policy's ``tp``; None: as computed):
+    a tensor is cast to it before it is sent and back after it arrives, so the bytes on the
+    wire are the policy's."""
 
-    def __init__(self, comm, sequence_parallel):
+    def __init__(self, comm, sequence_parallel, payload=None):
         self.comm, self.sp = comm, sequence_parallel
+        self.payload = None if payload is None else np.dtype(payload)
 
     def _result(self, handle, async_op):
         return handle if async_op else handle.wait()
 
+    def _alone(self, x, async_op):
+        """A group of one sends nothing (Megatron's mappings return the input when the
+        tensor-parallel world size is 1)."""
+        return self._result(_Done(x), async_op)
+
+    def _send(self, x):
+        """(x as it travels, a function back to x's dtype)."""
+        if self.payload is None or x.dtype == self.payload:
+            return x, (lambda y: y)
+        dtype = x.dtype
+        return x.astype(self.payload), (lambda y: y.astype(dtype))
+
     def _all_gather(self, x, async_op):
-        return self._result(_Then(self.comm.all_gather(_front(x), async_op=True), _back), async_op)
+        if self.comm.size == 1:
+            return self._alone(x, async_op)
+        x, back = self._send(x)
+        return self._result(_Then(self.comm.all_gather(_front(x), async_op=True), lambda y: back(_back(y))),
+                            async_op)
 
     def _reduce_scatter(self, x, async_op):
-        return self._result(_Then(self.comm.reduce_scatter(_front(x), async_op=True), _back), async_op)
+        if self.comm.size == 1:
+            return self._alone(x, async_op)
+        x, back = self._send(x)
+        return self._result(_Then(self.comm.reduce_scatter(_front(x), async_op=True), lambda y: back(_back(y))),
+                            async_op)
 
     def _all_reduce(self, x, async_op):
-        return self._result(self.comm.all_reduce(x, async_op=True), async_op)
+        if self.comm.size == 1:
+            return self._alone(x, async_op)
+        x, back = self._send(x)
+        return self._result(_Then(self.comm.all_reduce(x, async_op=True), back), async_op)
 
     def gather(self, x, async_op=False):
         return self._all_gather(x, async_op) if self.sp else self._result(_Done(x), async_op)
@@ -112,21 +142,32 @@ class ColumnThenRow:
     ``_input_grad(P, inner)`` (the partial input gradient), ``_gathered_input(c, dtype,
     async_op)`` and ``_weight_grads(c, d_out, dy_local, inner, xg)``."""
 
+    def _declared(self, x, passes, what):
+        """The declared pass(es) of this part for an input shaped like ``x`` (its ``work``)."""
+        shape, dtype = np.shape(x), self.dtype if self.dtype is not None else x.dtype
+        return self.r.comm.declared(lambda: sum((getattr(self.work(shape, dtype), p) for p in passes), ()), what)
+
     def backward_input(self, P, c, dy):
-        d_out = self.r.reduce_back(dy)
-        inner = self._inner(P, c, d_out)
-        c["backward"] = (d_out, dy, inner)
-        return self.r.gather_back(self._input_grad(P, inner))
+        with self._declared(dy, ("backward_input",), f"{type(self).__name__} backward (B)"):
+            d_out = self.r.reduce_back(dy)
+            inner = self._inner(P, c, d_out)
+            c["backward"] = (d_out, dy, inner)
+            return self.r.gather_back(self._input_grad(P, inner))
 
     def backward_weight(self, P, c, dy):
         if "backward" not in c:
             self.backward_input(P, c, dy)
-        d_out, dy_local, inner = c.pop("backward")
-        return self._weight_grads(c, d_out, dy_local, inner, self._gathered_input(c, d_out.dtype))
+        with self._declared(dy, ("backward_weight",), f"{type(self).__name__} backward (W)"):
+            d_out, dy_local, inner = c.pop("backward")
+            return self._weight_grads(c, d_out, dy_local, inner, self._gathered_input(c, d_out.dtype))
 
     def backward(self, P, c, dy):
         """B and W together, in Megatron's order: the input's all-gather overlaps the
         input-gradient GEMMs, the input gradient's reduce-scatter the weight GEMMs."""
+        with self._declared(dy, ("backward_input", "backward_weight"), f"{type(self).__name__} backward"):
+            return self._backward(P, c, dy)
+
+    def _backward(self, P, c, dy):
         d_out = self.r.reduce_back(dy)
         inner = self._inner(P, c, d_out)
         pending_x = self._gathered_input(c, d_out.dtype, async_op=True)

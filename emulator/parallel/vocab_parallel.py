@@ -48,16 +48,22 @@ def vocab_parallel_embedding_backward(table_shard, cache, dy):
     return grad
 
 
-def vocab_parallel_cross_entropy(comm, logits_shard, targets, vocab):
+def vocab_parallel_cross_entropy(comm, logits_shard, targets, vocab, dtype=None):
     """Mean cross-entropy over tokens from this rank's vocabulary columns of the logits.
-    Returns (loss, gradient of ``logits_shard``)."""
+    Returns (loss, gradient of ``logits_shard``). ``dtype``: the dtype its three reductions
+    travel in (the precision policy's ``loss``; None: the logits')."""
     lo, hi = vocab_range(comm, vocab)
-    m = comm.all_reduce(logits_shard.max(-1), op="max")  # (b, s)
+    cast = (lambda a: a) if dtype is None else (lambda a: a.astype(dtype))
+
+    def reduce(a, op="sum"):  # over the tp ranks (a group of one has nothing to reduce)
+        return a if comm.size == 1 else comm.all_reduce(cast(a), op=op).astype(logits_shard.dtype)
+
+    m = reduce(logits_shard.max(-1), "max")  # (b, s)
     e = np.exp(logits_shard - m[..., None])
-    sum_exp = comm.all_reduce(e.sum(-1))
+    sum_exp = reduce(e.sum(-1))
     mine = (targets >= lo) & (targets < hi)
     picked = np.take_along_axis(logits_shard, np.where(mine, targets - lo, 0)[..., None], -1)[..., 0]
-    target_logit = comm.all_reduce(np.where(mine, picked, 0.0))
+    target_logit = reduce(np.where(mine, picked, 0.0))
     loss = float(np.mean(np.log(sum_exp) + m - target_logit))
     grad = e / sum_exp[..., None]
     rows = np.nonzero(mine)

@@ -1,4 +1,5 @@
-"""Activation memory of a transformer's layers per GPU, term by term (Korthikanti et al.),
+"""Activation memory of a transformer's layers per GPU, term by term (Korthikanti et al.
+2022, whose attention kept its scores: the ``"megatron-2021"`` stack),
 for a configuration of sequence, batch, width, heads, tensor parallelism, sequence
 parallelism and recomputation; beside it, for a small configuration, the bytes the
 tensor-parallel block really keeps on the emulator."""
@@ -18,7 +19,8 @@ MEASURE_LIMIT = 2**22  # s*b*h above which the measured bar is not drawn (the em
 
 
 def measured_terms(s, b, h, a, t, sp, recompute):
-    """Bytes one layer keeps on rank 0, by term, running the TP block on ``World(t)``."""
+    """Bytes one layer keeps on rank 0, by term, running the TP block on ``World(t)`` under
+    the stack the formula describes (``"megatron-2021"``: attention's scores kept)."""
     params = nn.TransformerBlock(h, a, 4 * h).init(np.random.default_rng(0))
     x = np.zeros((b, s // t if sp else s, h), np.float32)
 
@@ -27,7 +29,7 @@ def measured_terms(s, b, h, a, t, sp, recompute):
                                     recompute=recompute)
         return cached_terms(block.forward(block.shard(params), x)[1])
 
-    return World(t).run(prog)[0]
+    return World(t, stack="megatron-2021").run(prog)[0]
 
 
 def activation_explorer_model(s, b, h, a, t=1, layers=1, sp=False, recompute="none", gpu_gb=80, measure=True):

@@ -121,11 +121,21 @@ def _arrived(comm, handles, what):
     return comm.memory.hold(what, x, "buffers")
 
 
-def ring_attention(comm, q, k, v, causal=False, layout="contiguous", accumulate=None):
+def _step_charge(comm, declared, t, kernels, name):
+    """Charge one ring step's attention: the declared kernels of the step (a block's pass,
+    :mod:`emulator.engine.charging`), or the blocks as computed."""
+    if declared:
+        comm.charge(f"attention: ring step {t}", optional=not kernels)
+    else:
+        comm.compute(kernels=kernels, name=name)
+
+
+def ring_attention(comm, q, k, v, causal=False, layout="contiguous", accumulate=None, payload=None, declared=False):
     """Softmax attention (scale 1/sqrt(d_head)) for this rank's shard of the sequence, K/V
     passed around the ring. Returns ``(out, cache)``; ``out`` has this rank's rows.
     ``accumulate``: the dtype of the running max, sum and output (default: float32, or the
-    inputs' dtype if wider)."""
+    inputs' dtype if wider). ``payload``: the dtype K/V travel in (the precision policy's
+    ``cp``; None: as they are); ``declared``: charge the steps from the open declared pass."""
     q, k, v = _check(comm, q, k, v, layout)
     cache_qkv = {"q": q, "k": k, "v": v}
     q, k, v, q_shape = _grouped(q, k, v)
@@ -133,29 +143,32 @@ def ring_attention(comm, q, k, v, causal=False, layout="contiguous", accumulate=
     c, n, d = comm.size, q.shape[-2], q.shape[-1]
     scale = 1.0 / math.sqrt(d)
     state = OnlineSoftmax(q.shape[:-1], d, accumulate, like=q)
-    kv = comm.memory.hold("K/V block", np.stack([k, v]), "buffers")
+    kv = np.stack([k, v])
+    kv = comm.memory.hold("K/V block", kv if payload is None else kv.astype(payload), "buffers")
     for t in range(c):
         src = (comm.rank - t) % c
         handles = _shift(comm, kv, "K/V block") if t < c - 1 else None  # the next block travels meanwhile
         kernels = []
         for rows, cols, mask in blocks(comm.rank, src, c, n, causal, layout):
-            s = q[..., rows, :] @ kv[0][..., cols, :].swapaxes(-1, -2) * scale
+            kb, vb = (a.astype(q.dtype, copy=False) for a in (kv[0][..., cols, :], kv[1][..., cols, :]))
+            s = q[..., rows, :] @ kb.swapaxes(-1, -2) * scale
             if mask is not None:
                 s = np.where(mask, s, -np.inf)
-            state.update(s, kv[1][..., cols, :], rows)
+            state.update(s, vb, rows)
             kernels.append(_kernel(q, rows.stop - rows.start, cols.stop - cols.start, 2))
-        comm.compute(kernels=kernels, name=f"attention, K/V of rank {src}")
+        _step_charge(comm, declared, t, kernels, f"attention, K/V of rank {src}")
         if handles:
             kv = _arrived(comm, handles, "K/V block")
     comm.memory.release("K/V block")
     out, lse = state.finish(q.dtype)
     if q_shape is not None:
         out, lse = out.reshape(q_shape), lse.reshape(q_shape[:-1])
-    return out, dict(cache_qkv, out=out, lse=lse, causal=causal, layout=layout)
+    return out, dict(cache_qkv, out=out, lse=lse, causal=causal, layout=layout, payload=payload)
 
 
-def ring_attention_backward(comm, cache, dout):
-    """(dq, dk, dv) for this rank's shards: dQ computed here, dK/dV travelling home."""
+def ring_attention_backward(comm, cache, dout, declared=False):
+    """(dq, dk, dv) for this rank's shards: dQ computed here, dK/dV travelling home (in the
+    forward's payload dtype, as the K/V did)."""
     out, lse, causal, layout = cache["out"], cache["lse"], cache["causal"], cache["layout"]
     dout = _array(dout)
     if dout.shape != out.shape:
@@ -168,14 +181,17 @@ def ring_attention_backward(comm, cache, dout):
     scale = 1.0 / math.sqrt(d)
     delta = (dout * out).sum(-1)  # rowsum(dO * O) = rowsum(dP * P)
     dq = np.zeros_like(q)
-    kv = comm.memory.hold("K/V block", np.stack([k, v]), "buffers")
+    payload = cache.get("payload")
+    kv = np.stack([k, v])
+    kv = comm.memory.hold("K/V block", kv if payload is None else kv.astype(payload), "buffers")
     dkv = comm.memory.hold("dK/dV block", np.zeros_like(kv), "buffers")
     for t in range(c):
         src = (comm.rank - t) % c
         handles = _shift(comm, kv, "K/V block") if t < c - 1 else None
         kernels = []
         for rows, cols, mask in blocks(comm.rank, src, c, n, causal, layout):
-            kb, vb, do = kv[0][..., cols, :], kv[1][..., cols, :], dout[..., rows, :]
+            kb, vb = (a.astype(q.dtype, copy=False) for a in (kv[0][..., cols, :], kv[1][..., cols, :]))
+            do = dout[..., rows, :]
             p = np.exp(q[..., rows, :] @ kb.swapaxes(-1, -2) * scale - lse[..., rows, None])
             if mask is not None:
                 p = np.where(mask, p, 0.0)
@@ -184,13 +200,14 @@ def ring_attention_backward(comm, cache, dout):
             dkv[0][..., cols, :] += _over_group(scale * ds.swapaxes(-1, -2) @ q[..., rows, :], kb)
             dkv[1][..., cols, :] += _over_group(p.swapaxes(-1, -2) @ do, vb)
             kernels.append(_kernel(q, rows.stop - rows.start, cols.stop - cols.start, 5))  # S again, 4 products
-        comm.compute(kernels=kernels, name=f"attention backward, K/V of rank {src}")
+        _step_charge(comm, declared, t, kernels, f"attention backward, K/V of rank {src}")
         if c > 1:  # dK/dV of the block go on with it; after the last step they go home
             dkv = _arrived(comm, _shift(comm, dkv, "dK/dV block"), "dK/dV block")
         if handles:
             kv = _arrived(comm, handles, "K/V block")
     comm.memory.release("K/V block")
     comm.memory.release("dK/dV block")
+    dkv = dkv.astype(q.dtype, copy=False)
     if q_shape is not None:
         return dq.reshape(q_shape), dkv[0][..., 0, :, :], dkv[1][..., 0, :, :]
     return dq, dkv[0], dkv[1]

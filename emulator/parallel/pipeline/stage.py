@@ -37,6 +37,7 @@ from ... import nn
 from ...errors import ConfigError
 from ...nn.module import sub
 from ...nn.precision import upcast
+from ...machine.work import np_dtype
 from .actions import place_of, stage_of
 from .partition import LocalParams, split_layers
 
@@ -263,10 +264,15 @@ class PipelineStage:
             self.memory.release(f"act {mb}.{c} {name}")
 
     def _grads_ready(self, mb, c, name, params, grads):
-        """Hand a layer's gradients of micro-batch ``mb`` to the hooks, in its parameters'
-        dtypes (bf16 gradients for bf16 parameters); ``last`` once every micro-batch's are
-        in (DDP reduces only then)."""
-        grads = {k: g.astype(params[k].dtype, copy=False) for k, g in grads.items()}
+        """Hand a layer's gradients of micro-batch ``mb`` to the hooks, in the precision
+        policy's gradient dtype (else the parameters': bf16 gradients for bf16 parameters);
+        ``last`` once every micro-batch's are in (DDP reduces only then)."""
+        policy = self.comm.precision
+        if policy is not None and policy.grads is not None:  # the policy's gradients (Megatron's fp32 main_grad)
+            dtype = np_dtype(policy.grads)
+            grads = {k: g.astype(dtype, copy=False) for k, g in grads.items()}
+        else:
+            grads = {k: g.astype(params[k].dtype, copy=False) for k, g in grads.items()}
         done = self.weights_done.setdefault((c, name), set())
         done.add(mb)
         last = len(done) == self.micro_batches
