@@ -52,6 +52,7 @@ from .mesh_model import RankModel, check_model
 from .pipeline import PipelineStage, run_actions, schedule, split_layers
 from .pipeline.actions import stage_of
 from .placement import shard, unshard
+from .run_inputs import check_batches, check_dims, check_fold, check_optimizer
 
 
 @dataclass
@@ -150,6 +151,10 @@ def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_gra
     to save into; ``resume_from``: a checkpoint (or its folder) to start from, with
     ``params=None``; ``faults``, ``watchdog_timeout``: as ``World``'s."""
     check_model(model)
+    check_dims(dims)
+    check_optimizer(optimizer)
+    check_batches(batches, model.vocab)
+    fold = check_fold(fold, dims)
     restart = _restart(model, params, optimizer, resume_from, shape_only)
     if shape_only and checkpoint_dir is not None:
         raise ConfigError("checkpoint_dir= needs data: a shape-only run has none to save")
