@@ -30,6 +30,7 @@ from ..errors import ConfigError, DeadlockError, EmulatorError, MeshError, RankE
 from ..records.memory import MemoryLedger
 from ..mesh import Mesh
 from .p2p import DEADLOCK_HINT
+from .wall_clock import WallGuard, WallInterrupt, check_wall_timeout, stopped_error
 from ..records.table import Table
 from ..records.timeline import Event, Timeline
 from ..machine.topology import Topology
@@ -66,10 +67,16 @@ class World:
     ``"ring"``, ``"tree"`` or ``"naive"``. ``faults``: :class:`~emulator.engine.faults.RankFailure`
     and :class:`~emulator.engine.faults.Straggler` entries; ``watchdog_timeout``: seconds a
     rank waits in an operation before its watchdog takes it down (ProcessGroupNCCL's 600).
+    ``wall_timeout``: seconds of *wall-clock* time a ``run`` may take (None: no bound);
+    past it, every rank still running is stopped, a rank stuck in a loop in pure Python
+    included, and ``run`` raises a :class:`~emulator.errors.WallTimeoutError` naming each
+    and what it last did (:mod:`emulator.engine.wall_clock`; ``run`` may be called from
+    the main thread or any other).
     """
 
     def __init__(self, n=None, mesh=None, topology=None, algorithm="ring", fold=(), faults=(),
-                 watchdog_timeout=DEFAULT_WATCHDOG_TIMEOUT):
+                 watchdog_timeout=DEFAULT_WATCHDOG_TIMEOUT, wall_timeout=None):
+        self.wall_timeout = check_wall_timeout(wall_timeout)
         n, self.mesh, self.topology = _mesh_and_topology(n, mesh, topology)
         if not (isinstance(n, (int, np.integer)) and n >= 1):
             raise ConfigError(f"World needs a positive number of ranks, got {n!r}")
@@ -130,6 +137,19 @@ class World:
     # ----------------------------------------------------------------- running programs
     def run(self, fn, *args, **kwargs):
         """Call ``fn(comm, *args, **kwargs)`` once per rank; return the results by rank."""
+        if self.wall_timeout is None:
+            return self._run(fn, args, kwargs, None)
+        guard, results = WallGuard(self.wall_timeout), None
+        try:
+            with guard:
+                results = self._run(fn, args, kwargs, guard)
+        except WallInterrupt as exc:  # it came outside any rank, after the ranks stopped
+            guard.taken()
+            if results is None:
+                raise stopped_error(self, self.wall_timeout, None, exc) from None
+        return results
+
+    def _run(self, fn, args, kwargs, guard):
         self._reset()
         main = greenlet.getcurrent()
         results = [None] * self.size
@@ -141,6 +161,9 @@ class World:
                 raise
             except RankDied as died:
                 self.dead[rank] = died.at
+            except WallInterrupt as exc:
+                guard.taken()
+                self._failure = stopped_error(self, self.wall_timeout, rank, exc)
             except EmulatorError as exc:
                 self._failure = exc
             except BaseException as exc:  # noqa: BLE001 -- re-raised below with the rank
@@ -152,8 +175,12 @@ class World:
         tasks = {r: greenlet.greenlet(lambda r=r: body(r), parent=main) for r in self.live}
         self._main = main
         self._ready.extend(self.live)
-        while self._ready and self._failure is None:
-            tasks[self._ready.popleft()].switch()
+        try:
+            while self._ready and self._failure is None:
+                tasks[self._ready.popleft()].switch()
+        except WallInterrupt as exc:  # between two ranks: none had the thread
+            guard.taken()
+            self._failure = stopped_error(self, self.wall_timeout, None, exc)
         for t in tasks.values():  # stop whatever still waits, running its finally blocks
             if t and not t.dead:
                 t.throw(greenlet.GreenletExit)
