@@ -19,8 +19,15 @@ What a save holds, as ``torch.distributed.checkpoint`` does for a torch job:
   make its masks (as :func:`emulator.nn.dropout.dropout_mask` does);
 * a **manifest** of every tensor's global shape and each chunk's offsets and sizes
   (:mod:`.files`), from which any other mesh finds the chunks its blocks overlap
-  (:mod:`emulator.parallel.reshard`);
+  (:mod:`emulator.parallel.reshard`), each file's checksum and step, and what the run was
+  (its model's settings, its optimizer's hyperparameters, its precision: :mod:`.fit`);
 * on the emulator's clock, the time to write it to storage (:mod:`.storage`).
+
+The files themselves are written so that no crash loses a complete save or passes off a
+partial one (:mod:`.durable`): a save is complete once its manifest is on disk, which is as
+soon as its last shard is (:mod:`.saver`). Loading verifies every file (:mod:`.loading`); a
+run never deletes saves it did not make (:mod:`.folder`); a restart refuses a model,
+optimizer or precision other than the save's unless ``allow_changes`` names the change.
 """
 
 from dataclasses import dataclass, field

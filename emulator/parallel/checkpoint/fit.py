@@ -57,7 +57,8 @@ def precision_record(dtypes, optimizer):
 def run_record(model, optimizer, dtypes):
     """The model's settings, the optimizer's type and hyperparameters, the precision."""
     opt = {"type": type(optimizer).__name__}
-    opt.update({name: _plain(getattr(optimizer, attr)) for name, attr in OPTIMIZER_SETTINGS if hasattr(optimizer, attr)})
+    opt.update({name: _plain(getattr(optimizer, attr)) for name, attr in OPTIMIZER_SETTINGS
+                if hasattr(optimizer, attr)})
     return {"model": {k: _plain(getattr(model, k)) for k in MODEL_SETTINGS if hasattr(model, k)},
             "optimizer": opt, "precision": precision_record(dtypes, optimizer)}
 
@@ -126,9 +127,9 @@ def check_fit(checkpoint, model, optimizer, shapes, allow_changes=None):
     if problems:
         raise ConfigError(f"checkpoint {checkpoint.path} does not fit this model and optimizer:\n" +
                           "\n".join(f"  - {p}" for p in problems[:8]) +
-                          f"\nA save loads only into a model with the same parameters and shapes (allow_changes= cannot "
-                          f"change that): build the model it was saved from ({saved.get('model')}), or start from "
-                          f"params instead of resume_from=")
+                          f"\nA save loads only into a model with the same parameters and shapes (allow_changes= "
+                          f"cannot change that): build the model it was saved from ({saved.get('model')}), or start "
+                          f"from params instead of resume_from=")
     now = run_record(model, optimizer, {k: d for k, (_, d) in shapes.items()})
     if model is None:  # only the parameters' shapes are known: the model's settings are not compared
         now["model"] = dict(saved.get("model", {}))
@@ -140,5 +141,6 @@ def check_fit(checkpoint, model, optimizer, shapes, allow_changes=None):
         raise ConfigError(f"checkpoint {checkpoint.path} was saved by a run that differs from this one:\n" +
                           "\n".join(f"  - {text}" for _, text in refused) +
                           f"\nResuming would go on with the new settings. If that is intended, say so: "
-                          f"run_on_mesh(..., resume_from=..., allow_changes={set(names)!r}); otherwise resume with "
+                          f"run_on_mesh(..., resume_from=..., allow_changes={{{', '.join(map(repr, names))}}}); "
+                          f"otherwise resume with "
                           f"the saved settings")
