@@ -144,3 +144,28 @@ def test_allow_changes_needs_resume_from(saved):
     with pytest.raises(ConfigError, match="allow_changes= names what may differ from the checkpoint a run resumes"):
         run_on_mesh(model, model.init(np.random.default_rng(0)), synthetic_batches(1, 8, 8, 16), D(), nn.AdamW(),
                     allow_changes={"lr"})
+
+
+def test_a_precision_policy_is_recorded_and_compared(saved):
+    from dataclasses import dataclass
+
+    from emulator.engine.shape_only import shape_only_params
+    from emulator.parallel.checkpoint.fit import check_fit, run_record
+
+    @dataclass(frozen=True)
+    class Policy:  # the shape of emulator.machine.precision.Precision: a name and a dtype per kind of number
+        name: str
+        params: str = None
+        master: str = None
+
+    model, opt, fp32 = gpt(), nn.AdamW(lr=1e-2), Policy("fp32", params="fp32")
+    shapes = {k: (v.shape, v.dtype) for k, v in shape_only_params(model).items()}
+    record = run_record(model, opt, {k: d for k, (_, d) in shapes.items()}, fp32)
+    assert record["precision"]["policy"] == {"name": "fp32", "params": "fp32", "master": None}
+    checkpoint = Checkpoint(saved)  # saved without a policy
+    check_fit(checkpoint, model, opt, shapes)
+    with pytest.raises(ConfigError, match=r"precision: the policy was None when saved, \{'name': 'fp32'"):
+        check_fit(checkpoint, model, opt, shapes, policy=fp32)
+    check_fit(checkpoint, model, opt, shapes, allow_changes={"precision"}, policy=fp32)
+    with pytest.raises(ConfigError, match="a precision policy is a Precision"):
+        run_record(model, opt, {}, "fp32")

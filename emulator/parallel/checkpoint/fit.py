@@ -17,9 +17,12 @@ Three kinds of difference, each found before any rank runs:
   weights the save lacks are made from the parameters, as a fresh optimizer makes them.
 
 The record is JSON in the manifest (``manifest["run"]``). Its ``precision`` entry has a
-``policy`` slot (None today): where a precision-policy object, once the library has one,
-is recorded, and compared in :func:`_precision_changes`.
+``policy`` slot: a :class:`~emulator.machine.precision.Precision` policy's fields, where the
+run has one (``run_record(..., policy=)``; ``run_on_mesh`` passes none yet, so it is None),
+compared whole in :func:`_precision_changes`.
 """
+
+from dataclasses import fields, is_dataclass
 
 import numpy as np
 
@@ -44,23 +47,33 @@ def _dtype_name(d):
     return np.dtype(d).name  # "bfloat16" for ml_dtypes' bfloat16
 
 
-def precision_record(dtypes, optimizer):
+def policy_record(policy):
+    """A precision policy (a dataclass such as :class:`~emulator.machine.precision.Precision`)
+    as JSON: its fields; None for none."""
+    if policy is None:
+        return None
+    if not is_dataclass(policy):
+        raise ConfigError(f"a precision policy is a Precision (emulator.machine.precision), got {policy!r}")
+    return {f.name: _plain(getattr(policy, f.name)) for f in fields(policy)}
+
+
+def precision_record(dtypes, optimizer, policy=None):
     """``dtypes``: each parameter's dtype. What an AdamW keeps: moments in fp32 with fp32
-    master weights under mixed precision, else in the parameters' dtype."""
+    master weights under mixed precision, else in the parameters' dtype; ``policy``: the
+    run's precision policy, if it has one."""
     names = sorted({_dtype_name(d) for d in dtypes.values()})
     mixed = bool(getattr(optimizer, "mixed_precision", False))
     return {"params": names, "optimizer_state": ["float32"] if mixed else names,
-            "master_weights": "float32" if mixed else None,
-            "policy": None}  # a precision-policy object's description, once the library has one
+            "master_weights": "float32" if mixed else None, "policy": policy_record(policy)}
 
 
-def run_record(model, optimizer, dtypes):
+def run_record(model, optimizer, dtypes, policy=None):
     """The model's settings, the optimizer's type and hyperparameters, the precision."""
     opt = {"type": type(optimizer).__name__}
     opt.update({name: _plain(getattr(optimizer, attr)) for name, attr in OPTIMIZER_SETTINGS
                 if hasattr(optimizer, attr)})
     return {"model": {k: _plain(getattr(model, k)) for k in MODEL_SETTINGS if hasattr(model, k)},
-            "optimizer": opt, "precision": precision_record(dtypes, optimizer)}
+            "optimizer": opt, "precision": precision_record(dtypes, optimizer, policy)}
 
 
 def allowed(allow_changes):
@@ -103,7 +116,7 @@ def _setting_changes(saved, now):
     return out
 
 
-def _precision_changes(tensors, saved, shapes, optimizer):
+def _precision_changes(tensors, saved, shapes, optimizer, policy):
     out = []
     params = sorted({(t["dtype"], _dtype_name(shapes[k[6:]][1])) for k, t in tensors.items()
                      if k.startswith("model.") and k[6:] in shapes and t["dtype"] != _dtype_name(shapes[k[6:]][1])})
@@ -113,14 +126,15 @@ def _precision_changes(tensors, saved, shapes, optimizer):
     if bool(getattr(optimizer, "mixed_precision", False)) != has_master:
         out.append(f"precision: the optimizer's mixed precision (fp32 master weights) differs from the saved one's "
                    f"(saved {'with' if has_master else 'without'} master weights)")
-    if saved.get("policy") is not None:  # the slot a precision policy will fill: compared whole
-        out.append(f"precision: the save was made under the precision policy {saved['policy']!r}")
+    if saved.get("policy") != policy:  # compared whole
+        out.append(f"precision: the policy was {saved.get('policy')!r} when saved, {policy!r} now")
     return [(PRECISION, p) for p in out]
 
 
-def check_fit(checkpoint, model, optimizer, shapes, allow_changes=None):
-    """Refuse to resume ``model`` with ``optimizer`` from ``checkpoint`` where they differ
-    (``shapes``: the model's ``{name: (shape, dtype)}``), except the changes allowed."""
+def check_fit(checkpoint, model, optimizer, shapes, allow_changes=None, policy=None):
+    """Refuse to resume ``model`` with ``optimizer`` (and the precision ``policy``) from
+    ``checkpoint`` where they differ (``shapes``: the model's ``{name: (shape, dtype)}``),
+    except the changes allowed."""
     allow = allowed(allow_changes)
     problems = _shape_problems(checkpoint.tensors, shapes)
     saved = checkpoint.manifest.get("run", {})
@@ -130,11 +144,11 @@ def check_fit(checkpoint, model, optimizer, shapes, allow_changes=None):
                           f"\nA save loads only into a model with the same parameters and shapes (allow_changes= "
                           f"cannot change that): build the model it was saved from ({saved.get('model')}), or start "
                           f"from params instead of resume_from=")
-    now = run_record(model, optimizer, {k: d for k, (_, d) in shapes.items()})
+    now = run_record(model, optimizer, {k: d for k, (_, d) in shapes.items()}, policy)
     if model is None:  # only the parameters' shapes are known: the model's settings are not compared
         now["model"] = dict(saved.get("model", {}))
     changes = _setting_changes(saved, now) + _precision_changes(checkpoint.tensors, saved.get("precision", {}),
-                                                                 shapes, optimizer)
+                                                                 shapes, optimizer, now["precision"]["policy"])
     refused = [(k, text) for k, text in changes if k not in allow]
     if refused:
         names = sorted({k for k, _ in refused} | allow)
