@@ -60,10 +60,18 @@ def latest(path):
     if STEP.match(path.name) and path.is_dir():
         raise ConfigError(f"no complete checkpoint at {path}: {why_incomplete(path)}{elsewhere(path)}")
     saves = saves_in(path)
-    if not saves:
-        raise ConfigError(f"no complete checkpoint at {path}: a checkpoint is a folder with a {MANIFEST} manifest "
-                          f"(or a folder of step_* folders); a save that did not finish has none")
-    return saves[-1][1]
+    if saves:
+        return saves[-1][1]
+    what = (f"a checkpoint is a folder with a {MANIFEST} manifest (or a folder of step_* folders); a save that did "
+            f"not finish has none")
+    if not path.is_dir():
+        raise ConfigError(f"no complete checkpoint at {path}: there is no such folder ({what}); pass the "
+                          f"checkpoint_dir a run saved into")
+    unfinished = sorted(p for p in path.iterdir() if STEP.match(p.name) and p.is_dir())
+    if unfinished:
+        what = "; ".join(f"{p.name}: {why_incomplete(p)}" for p in unfinished[-3:])
+    raise ConfigError(f"no complete checkpoint at {path}: {what}. Start from params (a fresh run), or resume from "
+                      f"another folder")
 
 
 def claim(path, overwrite, first_step=0, resumed_from=None):
