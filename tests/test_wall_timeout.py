@@ -122,3 +122,17 @@ def test_without_a_wall_timeout_no_thread_is_started():
 def test_bad_wall_timeouts_are_refused(bad):
     with pytest.raises(ConfigError, match="wall_timeout is a bound on a run's wall-clock time in seconds"):
         World(2, wall_timeout=bad)
+
+
+def test_a_world_run_inside_a_rank_is_stopped_by_the_outer_bound():
+    def inner(comm):
+        while True:
+            pass
+
+    def outer(comm):
+        if comm.rank == 1:
+            World(2).run(inner)  # no bound of its own: the outer World's stops it
+        return comm.rank
+
+    err, took = stopped(World(2, wall_timeout=0.5), outer)
+    assert took < 4.0 and err.running == 1 and "at inner" in err.last[1]

@@ -162,6 +162,8 @@ class World:
             except RankDied as died:
                 self.dead[rank] = died.at
             except WallInterrupt as exc:
+                if guard is None:  # another World's bound (this one runs inside it): that World stops
+                    raise
                 guard.taken()
                 self._failure = stopped_error(self, self.wall_timeout, rank, exc)
             except EmulatorError as exc:
@@ -179,6 +181,8 @@ class World:
             while self._ready and self._failure is None:
                 tasks[self._ready.popleft()].switch()
         except WallInterrupt as exc:  # between two ranks: none had the thread
+            if guard is None:
+                raise
             guard.taken()
             self._failure = stopped_error(self, self.wall_timeout, None, exc)
         for t in tasks.values():  # stop whatever still waits, running its finally blocks
