@@ -8,7 +8,8 @@ from .algorithms import global_view as collectives
 from .records.calls import Call
 from .engine.comm import Comm
 from .errors import (CollectiveMismatchError, ConfigError, DeadlockError, EmulatorError, GroupError,
-                     MemoryLedgerError, MeshError, PeerError, RankError, RankFailedError, ShapeError)
+                     MemoryLedgerError, MeshError, PeerError, RankError, RankFailedError, ShapeError,
+                     WallTimeoutError)
 from .engine.faults import RankFailure, Straggler, WatchdogTimeout
 from .records.memory import KINDS as MEMORY_KINDS
 from .records.memory import MemoryLedger
@@ -28,6 +29,7 @@ __all__ = [
     "Timeline", "TraceRecord", "Call", "collectives", "EmulatorError", "ConfigError",
     "CollectiveMismatchError", "DeadlockError", "RankError", "ShapeError", "PeerError", "GroupError",
     "MeshError", "MemoryLedgerError", "RankFailure", "Straggler", "WatchdogTimeout", "RankFailedError",
+    "WallTimeoutError",
 ]
 
 

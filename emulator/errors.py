@@ -62,6 +62,19 @@ class RankFailedError(EmulatorError):
         super().__init__(message)
 
 
+class WallTimeoutError(EmulatorError):
+    """A run went on past its World's ``wall_timeout`` (seconds of real time, unlike the
+    simulated ``watchdog_timeout``) and was stopped.
+
+    ``ranks``: every rank still running; ``running``: the one that had the thread (a
+    program that never gave it back, such as a loop in pure Python), None if none had;
+    ``last``: per rank, what it was doing and its last communication call."""
+
+    def __init__(self, lines, ranks, running, last):
+        self.ranks, self.running, self.last = list(ranks), running, dict(last)
+        super().__init__("\n".join(lines))
+
+
 class ShapeError(ConfigError):
     """An array cannot be used the way the collective needs (e.g. uneven split)."""
 

@@ -216,8 +216,11 @@ grade.check_find_straggler(find_straggler)
 # * and a **manifest**, written last, of every tensor's global shape and each saved
 #   chunk's offsets and sizes, from which any other mesh can find what it needs.
 #
-# `run_on_mesh(..., checkpoint_dir=path)` saves after its last step. A small GPT on DP 2 x
-# TP 2 with ZeRO-1:
+# `run_on_mesh(..., checkpoint_dir=path)` saves after its last step. A run refuses a folder
+# that already holds saves, since making its own would delete them: the error says the
+# ways on (resume from them, save elsewhere, or `Checkpointing(path, overwrite=True)`,
+# which the cells below pass so that they can run again). A small GPT on DP 2 x TP 2 with
+# ZeRO-1:
 
 # %%
 model = nn.GPT(vocab=16, d_model=16, n_heads=4, d_ff=32, n_layers=4, max_seq=8, dtype=np.float64)
@@ -225,7 +228,8 @@ params = model.init(np.random.default_rng(0))
 batches = synthetic_batches(4, 24, 8, model.vocab, seed=1)
 adam = lambda: nn.AdamW(lr=1e-2)  # noqa: E731
 dims = ParallelDims(dp=2, tp=2, zero_stage=1)
-saved = run_on_mesh(model, params, batches[:2], dims, adam(), checkpoint_dir=work / "first")
+saved = run_on_mesh(model, params, batches[:2], dims, adam(), checkpoint_dir=Checkpointing(work / "first",
+                                                                                           overwrite=True))
 folder = saved.checkpoints[0]
 print(folder.name, sorted(p.name for p in folder.iterdir()))
 manifest = json.loads((folder / ".metadata").read_text())
@@ -247,8 +251,11 @@ for fqn in ("model.embed.tok.w", "model.blocks.0.mlp.fc1.w", "optim.m.blocks.0.m
 # the holder with the fewest bytes planned so far (`dedup_save_plans` in
 # `torch/distributed/checkpoint/_dedup_save_plans.py`), which spreads the writing over
 # the ranks that hold copies. The manifest is written through a temporary file and a rename
-# (`FileSystemWriter.finish` in `torch/distributed/checkpoint/filesystem.py`): a save that
-# did not finish has none, and is never loaded.
+# (`FileSystemWriter.finish` in `torch/distributed/checkpoint/filesystem.py`), as soon as
+# the last shard is on disk: a save that did not finish has none, and is never loaded, and
+# a crash at any moment leaves every earlier save whole. The manifest also holds each
+# file's SHA-256 and step, which loading checks: a shard altered since, or copied from
+# another save, is refused instead of loaded.
 #
 # **What a save costs.** Llama 3 wrote its checkpoints to Meta's Tectonic file system:
 # 2 TB/s sustained (7 TB/s peak) across 7,500 servers, each GPU saving between 1 MB and
@@ -276,7 +283,7 @@ for gb in (0.001, 1, 4):
 small_gpu, storage = Topology(flops=2e9), Storage(write_bandwidth=100e6, read_bandwidth=100e6)
 base = run_on_mesh(model, params, batches, dims, adam(), topology=small_gpu)
 runs = {mode: run_on_mesh(model, params, batches, dims, adam(), topology=small_gpu, checkpoint_dir=Checkpointing(
-    work / mode, every=2, async_save=mode == "async", storage=storage)) for mode in ("sync", "async")}
+    work / mode, every=2, async_save=mode == "async", storage=storage, overwrite=True)) for mode in ("sync", "async")}
 for mode, run in runs.items():
     equal = all(np.array_equal(run.params[k], base.params[k]) for k in base.params)
     print(f"{mode:5s}: {run.step_time() * 1e3:5.2f} ms for 4 steps and 2 saves (no saving: "
@@ -362,7 +369,8 @@ pairs = [(ParallelDims(dp=8), ParallelDims(dp=6)), (ParallelDims(tp=2), Parallel
          (ParallelDims(dp=4, zero_stage=3), ParallelDims(dp=2, zero_stage=1))]
 for i, (before, after) in enumerate(pairs):
     never_stopped = run_on_mesh(model, params, batches, before, adam())
-    run_on_mesh(model, params, batches[:2], before, adam(), checkpoint_dir=work / f"pair{i}")
+    run_on_mesh(model, params, batches[:2], before, adam(), checkpoint_dir=Checkpointing(work / f"pair{i}",
+                                                                                         overwrite=True))
     resumed = run_on_mesh(model, None, batches[2:], after, adam(), resume_from=work / f"pair{i}")
     worst = max(float(np.max(np.abs(resumed.params[k] - never_stopped.params[k]))) for k in params)
     print(f"{str(before):44s} -> {str(after):44s} resumed at step {resumed.start_step}: "
@@ -382,10 +390,10 @@ for i, (before, after) in enumerate(pairs):
 # node that held rank 5 is out, so the job restarts on 4 GPUs (DP 2 x TP 2) from step 3.
 
 # %%
-policy = Checkpointing(work / "story", every=1, storage=storage)
+policy = Checkpointing(work / "story", every=1, storage=storage, overwrite=True)
 mesh = ParallelDims(dp=4, tp=2)
-clean = run_on_mesh(model, params, batches, mesh, adam(), topology=small_gpu,
-                    checkpoint_dir=Checkpointing(work / "clean", every=1, storage=storage))  # never fails
+clean = run_on_mesh(model, params, batches, mesh, adam(), topology=small_gpu,  # never fails
+                    checkpoint_dir=Checkpointing(work / "clean", every=1, storage=storage, overwrite=True))
 writes = [e for e in clean.world.timeline().of(5, "compute") if e.name == "checkpoint write"]
 dies = writes[2].end + 0.5 * base.step_time() / 4  # half a step after its step-3 save
 try:

@@ -3,7 +3,9 @@ one mesh and resumed on another equals the run that never stopped (float64, 1e-1
 pairs of meshes; the files, the manifest and the write plan; what saving costs on the clock,
 synchronous and asynchronous; saves a failure interrupted; bad input."""
 
+import hashlib
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -96,9 +98,13 @@ def test_manifest_tiles_every_tensor_and_replicas_are_written_once(tmp_path):
     run_on_mesh(model, params, synthetic_batches(1, 8, 8, 16), D(dp=4, tp=2), adam(), checkpoint_dir=tmp_path)
     folder = tmp_path / "step_00000001"
     names = sorted(p.name for p in folder.iterdir())
-    assert names == sorted([".metadata"] + [f"__{r}_0.npz" for r in range(8)] + [f"__{r}.json" for r in range(8)])
+    assert names == sorted([".metadata"] + [f"__{r}_0.npz" for r in range(8)])  # no temporary file left
     man = json.loads((folder / ".metadata").read_text())
     assert man["world_size"] == 8 and man["train"]["step"] == 1 and man["train"]["optim_t"] == 1
+    for r in range(8):  # each shard's entry: its step, and the checksum of its bytes
+        entry = man["files"][f"__{r}_0.npz"]
+        assert entry["step"] == 1 and entry["rank"] == r
+        assert entry["sha256"] == hashlib.sha256((folder / f"__{r}_0.npz").read_bytes()).hexdigest()
     for k, v in params.items():
         for prefix in ("model", "optim.m", "optim.v"):
             t = man["tensors"][f"{prefix}.{k}"]
@@ -186,12 +192,19 @@ def test_a_save_the_failure_interrupts_has_no_manifest(tmp_path):
     clean = run_on_mesh(model, params, batches, D(dp=2), adam(), checkpoint_dir=policy)
     write = clean.world.timeline().of(0, "storage")[0]
     with pytest.raises(RankFailedError) as info:  # rank 0 dies while its step-2 write is in flight
-        run_on_mesh(model, params, batches, D(dp=2), adam(), checkpoint_dir=policy,
+        run_on_mesh(model, params, batches, D(dp=2), adam(), checkpoint_dir=replace(policy, overwrite=True),
                     faults=[RankFailure(0, at=(write.start + write.end) / 2)])
     assert info.value.checkpoints == []
     assert not (tmp_path / "step_00000002" / ".metadata").exists()  # a stale manifest from the clean run is gone
+    # overwrite=True removed the clean run's saves first: what is left of step 4 is the shard rank 1 wrote before
+    # its watchdog fired, with no manifest
+    assert sorted(p.name for p in (tmp_path / "step_00000004").iterdir()) == ["__1_0.npz"]
     with pytest.raises(ConfigError, match="no complete checkpoint"):
         Checkpoint(tmp_path)
+    # the emulator wrote both shards at once, but on the emulated clock rank 0 died before its bytes were on storage
+    with pytest.raises(ConfigError, match=r"step_00000002: the emulated job lost this save: rank 0's bytes would "
+                                          r"have reached storage at .* but it stopped at"):
+        Checkpoint(tmp_path / "step_00000002")
 
 
 def test_latest_complete_save_is_chosen_and_a_step_folder_can_be_named(tmp_path):

@@ -233,3 +233,48 @@ def test_run_on_mesh_says_what_is_wrong():
     from emulator.errors import MeshError
     with pytest.raises(MeshError, match="cannot fold axis 'xx'"):
         World(mesh={"dp": 2}, fold=("xx",))
+
+
+def _bad(batches, i, what, value):
+    out = [(x.copy(), y.copy()) for x, y in batches]
+    (out[i][0] if what == "inputs" else out[i][1])[0, 3] = value
+    return out
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda b: dict(batches=_bad(b, 0, "inputs", 16)), r"batches\[0\]'s inputs must lie in \[0, 16\).*max 16"),
+    (lambda b: dict(batches=_bad(b, 1, "inputs", -1)), r"batches\[1\]'s inputs must lie in \[0, 16\).*min -1"),
+    (lambda b: dict(batches=_bad(b, 1, "targets", 99)), r"batches\[1\]'s targets must lie in \[0, 16\)"),
+    (lambda b: dict(batches=[]), "batches= is empty; pass at least one"),
+    (lambda b: dict(batches=[(b[0][0][:0], b[0][1][:0])]), r"batches\[0\] has shape \(0, 8\).*at least one sequence"),
+    (lambda b: dict(batches=[(b[0][0], b[0][1][:, :4])]), r"inputs of shape \(4, 8\) and targets of shape \(4, 4\)"),
+    (lambda b: dict(batches=[(b[0][0] * 1.0, b[0][1])]), "inputs are float64; token ids are integers"),
+    (lambda b: dict(dims={"dp": 2}), r"dims= is a dict.*ParallelDims\(\*\*dims\)"),
+    (lambda b: dict(optimizer=None), r"optimizer= is missing.*nn.AdamW"),
+    (lambda b: dict(fold=False), r"fold= takes mesh axis names.*got False"),
+    (lambda b: dict(fold=True), r"fold= takes mesh axis names.*got True"),
+    (lambda b: dict(fold=("dp", 3)), r"fold= takes mesh axis names"),
+    (lambda b: dict(fold=("dp", "xx"), shape_only=True), r"fold= names \['xx'\], which are not mesh axes"),
+])
+def test_run_on_mesh_refuses_bad_input_naming_the_argument(change, match):
+    model = dense()
+    params = model.init(np.random.default_rng(0))
+    batches = synthetic_batches(2, 4, 8, 16)
+    args = dict(model=model, params=params, batches=batches, dims=ParallelDims(dp=2), optimizer=nn.AdamW())
+    args.update(change(batches))
+    with pytest.raises(ConfigError, match=match):
+        run_on_mesh(**args)
+
+
+def test_token_ids_out_of_range_are_refused_as_one_device_refuses_them():
+    model = dense()
+    params = model.init(np.random.default_rng(0))
+    batches = _bad(synthetic_batches(1, 4, 8, 16), 0, "inputs", 16)
+    with pytest.raises(ConfigError, match=r"token ids must lie in \[0, 16\)"):
+        train_single(model, params, batches, nn.AdamW())
+    with pytest.raises(ConfigError, match=r"must lie in \[0, 16\)"):
+        run_on_mesh(model, params, batches, ParallelDims(tp=2), nn.AdamW())
+    # a fold given as a single axis name, or as a list, is still accepted
+    run = run_on_mesh(model, None, synthetic_batches(1, 4, 8, 16), ParallelDims(dp=2, tp=2), nn.AdamW(),
+                      shape_only=True, fold="dp")
+    assert run.world.fold == ("dp",)

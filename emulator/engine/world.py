@@ -30,6 +30,7 @@ from ..errors import ConfigError, DeadlockError, EmulatorError, MeshError, RankE
 from ..records.memory import MemoryLedger
 from ..mesh import Mesh
 from .p2p import DEADLOCK_HINT
+from .wall_clock import WallGuard, WallInterrupt, check_wall_timeout, stopped_error
 from ..records.table import Table
 from ..records.timeline import Event, Timeline
 from ..machine.topology import Topology
@@ -69,13 +70,19 @@ class World:
     ``stack``: the software stack the modules' declared work is charged as (a name or a
     :class:`~emulator.machine.stack.Stack`; None: ``"megatron-core"``); ``precision``: the
     policy the modules cast their payloads to (None: every number as the arrays hold it).
+    ``wall_timeout``: seconds of *wall-clock* time a ``run`` may take (None: no bound);
+    past it, every rank still running is stopped, a rank stuck in a loop in pure Python
+    included, and ``run`` raises a :class:`~emulator.errors.WallTimeoutError` naming each
+    and what it last did (:mod:`emulator.engine.wall_clock`; ``run`` may be called from
+    the main thread or any other).
     """
 
     def __init__(self, n=None, mesh=None, topology=None, algorithm="ring", fold=(), faults=(),
-                 watchdog_timeout=DEFAULT_WATCHDOG_TIMEOUT, stack=None, precision=None):
+                 watchdog_timeout=DEFAULT_WATCHDOG_TIMEOUT, stack=None, precision=None, wall_timeout=None):
         from ..machine.precision import precision_preset
         from ..machine.stack import stack_preset
 
+        self.wall_timeout = check_wall_timeout(wall_timeout)
         n, self.mesh, self.topology = _mesh_and_topology(n, mesh, topology)
         self.stack = stack_preset(stack)
         self.precision = None if precision is None else precision_preset(precision)
@@ -140,6 +147,19 @@ class World:
     # ----------------------------------------------------------------- running programs
     def run(self, fn, *args, **kwargs):
         """Call ``fn(comm, *args, **kwargs)`` once per rank; return the results by rank."""
+        if self.wall_timeout is None:
+            return self._run(fn, args, kwargs, None)
+        guard, results = WallGuard(self.wall_timeout), None
+        try:
+            with guard:
+                results = self._run(fn, args, kwargs, guard)
+        except WallInterrupt as exc:  # it came outside any rank, after the ranks stopped
+            guard.taken()
+            if results is None:
+                raise stopped_error(self, self.wall_timeout, None, exc) from None
+        return results
+
+    def _run(self, fn, args, kwargs, guard):
         self._reset()
         main = greenlet.getcurrent()
         results = [None] * self.size
@@ -151,6 +171,11 @@ class World:
                 raise
             except RankDied as died:
                 self.dead[rank] = died.at
+            except WallInterrupt as exc:
+                if guard is None:  # another World's bound (this one runs inside it): that World stops
+                    raise
+                guard.taken()
+                self._failure = stopped_error(self, self.wall_timeout, rank, exc)
             except EmulatorError as exc:
                 self._failure = exc
             except BaseException as exc:  # noqa: BLE001 -- re-raised below with the rank
@@ -162,8 +187,14 @@ class World:
         tasks = {r: greenlet.greenlet(lambda r=r: body(r), parent=main) for r in self.live}
         self._main = main
         self._ready.extend(self.live)
-        while self._ready and self._failure is None:
-            tasks[self._ready.popleft()].switch()
+        try:
+            while self._ready and self._failure is None:
+                tasks[self._ready.popleft()].switch()
+        except WallInterrupt as exc:  # between two ranks: none had the thread
+            if guard is None:
+                raise
+            guard.taken()
+            self._failure = stopped_error(self, self.wall_timeout, None, exc)
         for t in tasks.values():  # stop whatever still waits, running its finally blocks
             if t and not t.dead:
                 t.throw(greenlet.GreenletExit)

@@ -24,10 +24,12 @@ At the end the full parameters are put back together from every rank's (``unshar
 ``train_single(model, params, batches, opt, micro_batches=dims.dp * dims.micro_batches)``.
 
 ``checkpoint_dir=path`` saves a sharded checkpoint after the last step (or as a
-:class:`~emulator.parallel.checkpoint.Checkpointing` says), and ``resume_from=path``
-starts from the latest complete one instead of ``params``, on any valid mesh
-(:mod:`emulator.parallel.checkpoint`); ``faults=`` are the World's
-(:mod:`emulator.engine.faults`).
+:class:`~emulator.parallel.checkpoint.Checkpointing` says), each save complete on disk as
+soon as its last shard is; it refuses a folder holding saves it did not make.
+``resume_from=path`` starts from the latest complete one instead of ``params``, on any
+valid mesh, and refuses another model, optimizer or precision than the save's unless
+``allow_changes`` names the change (:mod:`emulator.parallel.checkpoint`); ``faults=``
+are the World's (:mod:`emulator.engine.faults`).
 
 ``shape_only=True`` runs the same programs on arrays without values
 (:mod:`emulator.engine.shape_only`): ``params`` may be None, ``batches`` may be
@@ -45,13 +47,15 @@ from ..engine.world import World
 from ..errors import ConfigError, RankFailedError
 from ..machine.topology import Topology
 from ..training import clip_coefficient, split_batch
-from .checkpoint import Restart, Saver, TrainState
+from .checkpoint import Checkpoint, Restart, Saver, TrainState
+from .checkpoint.fit import run_record
 from .context_parallel.layout import split_sequence
 from .mesh_hooks import MeshHooks
 from .mesh_model import RankModel, check_model
 from .pipeline import PipelineStage, run_actions, schedule, split_layers
 from .pipeline.actions import stage_of
 from .placement import shard, unshard
+from .run_inputs import check_batches, check_dims, check_fold, check_optimizer
 
 
 @dataclass
@@ -142,20 +146,26 @@ def shape_only_batches(steps, batch, seq):
 
 def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_grad_norm=None, shape_only=False,
                 fold=None, checkpoint_dir=None, resume_from=None, faults=(), watchdog_timeout=DEFAULT_WATCHDOG_TIMEOUT,
-                stack=None, precision=None):
+                stack=None, precision=None, allow_changes=None):
     """Train ``model`` (an ``nn.GPT``) from ``params`` on ``batches`` with the parallelism
     ``dims``; returns a :class:`MeshRun`. ``fold`` (shape-only runs; default ``("dp",
     "tp")``): mesh axes whose ranks all do the same, run once per set (see
     :class:`~emulator.engine.world.World`); the groups that cross them are charged for
     every rank on the real topology. ``checkpoint_dir``: a folder (or a ``Checkpointing``)
     to save into; ``resume_from``: a checkpoint (or its folder) to start from, with
-    ``params=None``; ``faults``, ``watchdog_timeout``: as ``World``'s. ``stack``: the
-    software stack the step is timed as (a name or a Stack; None: ``"megatron-core"``);
-    ``precision``: the policy its numbers are kept and sent in (None: the stack's for a bf16
-    model; a float32 or float64 model keeps every number as its arrays hold it, so the run
-    stays exact)."""
+    ``params=None``; ``allow_changes``: the settings that may differ from the
+    checkpoint's (names such as ``{"lr", "precision"}``, :mod:`~emulator.parallel.checkpoint.fit`);
+    ``faults``, ``watchdog_timeout``: as ``World``'s. ``stack``: the software stack the step
+    is timed as (a name or a Stack; None: ``"megatron-core"``); ``precision``: the policy its
+    numbers are kept and sent in (None: the stack's for a bf16 model; a float32 or float64
+    model keeps every number as its arrays hold it, so the run stays exact)."""
     check_model(model)
-    restart = _restart(model, params, optimizer, resume_from, shape_only)
+    check_dims(dims)
+    check_optimizer(optimizer)
+    check_batches(batches, model.vocab)
+    fold = check_fold(fold, dims)
+    stack, precision = run_precision(model, stack, precision)
+    restart = _restart(model, params, optimizer, resume_from, shape_only, allow_changes, precision)
     if shape_only and checkpoint_dir is not None:
         raise ConfigError("checkpoint_dir= needs data: a shape-only run has none to save")
     if shape_only:
@@ -171,18 +181,20 @@ def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_gra
         fold = ("dp", "tp") if shape_only else ()
     if fold and not shape_only:
         raise ConfigError("fold= needs shape_only=True: folded ranks have no data of their own")
-    stack, precision = run_precision(model, stack, precision)
     world = World(mesh=dims.mesh(topology.gpus_per_node), topology=topology, fold=fold, faults=faults,
                   watchdog_timeout=watchdog_timeout, stack=stack, precision=precision)
-    saver = Saver(checkpoint_dir, dims.world_size) if checkpoint_dir is not None else None
     first_step = restart.checkpoint.step if restart is not None else 0
-    if saver is not None:
-        saver.prepare(first_step, len(batches))
     runs = split_layers(model, dims.stages)
     actions = schedule(dims.schedule, dims.pp, dims.micro_batches, dims.v)
     split = any(a.kind == "W" for acts in actions for a in acts)
     if clip_grad_norm is not None:
         clip_coefficient(1.0, clip_grad_norm)  # checks it
+
+    saver = None
+    if checkpoint_dir is not None:  # last before the ranks run: it may delete saves (overwrite=True)
+        dtypes = {k: v.dtype for k, v in (params or shape_only_params(model)).items()}
+        saver = Saver(checkpoint_dir, dims.world_size, run_record(model, optimizer, dtypes, precision), first_step,
+                      restart.checkpoint.path if restart is not None else None)
 
     def program(comm):
         comms = groups(comm, dims)
@@ -228,12 +240,12 @@ def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_gra
     except RankFailedError as failed:
         if saver is not None:  # the saves that completed before the failure stay usable
             ends = {**failed.dead, **{r: t.time for r, t in failed.timeouts.items()}}
-            failed.checkpoints = saver.finish(ends)
+            failed.checkpoints = saver.after_failure(ends)
         raise
     full = None if shape_only else _assemble(results, rank_sizes(dims))
     return MeshRun(full, _losses([r for r in results if r], len(batches)), world, dims,
                    [r["layers"] if r else None for r in results], first_step, results[world.live[0]]["seeds"],
-                   saver.finish({}) if saver is not None else [])
+                   saver.folders() if saver is not None else [])
 
 
 def run_precision(model, stack=None, precision=None):
@@ -249,16 +261,21 @@ def run_precision(model, stack=None, precision=None):
     return stack, (stack.precision if is_bf16 else None)
 
 
-def _restart(model, params, optimizer, resume_from, shape_only):
-    """The checkpoint a run starts from (None: from ``params``), checked against the model."""
+def _restart(model, params, optimizer, resume_from, shape_only, allow_changes, policy=None):
+    """The checkpoint a run starts from (None: from ``params``), checked against the model
+    and the optimizer."""
     if resume_from is None:
+        if allow_changes:
+            raise ConfigError("allow_changes= names what may differ from the checkpoint a run resumes from; pass "
+                              "resume_from= too, or drop allow_changes=")
         return None
     if params is not None or shape_only:
         raise ConfigError("resume_from= takes the parameters from the checkpoint: pass params=None (and no "
                           "shape_only)")
-    restart = Restart(resume_from)
-    restart.checkpoint.check({k: (v.shape, v.dtype) for k, v in shape_only_params(model).items()}, optimizer)
-    return restart
+    shapes = {k: (v.shape, v.dtype) for k, v in shape_only_params(model).items()}
+    checkpoint = resume_from if isinstance(resume_from, Checkpoint) else Checkpoint(resume_from)
+    checkpoint.check(shapes, optimizer, model, allow_changes, policy)
+    return Restart(checkpoint, dtypes={k: d for k, (_, d) in shapes.items()})
 
 
 def rank_sizes(dims):

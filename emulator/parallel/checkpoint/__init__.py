@@ -19,8 +19,15 @@ What a save holds, as ``torch.distributed.checkpoint`` does for a torch job:
   make its masks (as :func:`emulator.nn.dropout.dropout_mask` does);
 * a **manifest** of every tensor's global shape and each chunk's offsets and sizes
   (:mod:`.files`), from which any other mesh finds the chunks its blocks overlap
-  (:mod:`emulator.parallel.reshard`);
+  (:mod:`emulator.parallel.reshard`), each file's checksum and step, and what the run was
+  (its model's settings, its optimizer's hyperparameters, its precision: :mod:`.fit`);
 * on the emulator's clock, the time to write it to storage (:mod:`.storage`).
+
+The files themselves are written so that no crash loses a complete save or passes off a
+partial one (:mod:`.durable`): a save is complete once its manifest is on disk, which is as
+soon as its last shard is (:mod:`.saver`). Loading verifies every file (:mod:`.loading`); a
+run never deletes saves it did not make (:mod:`.folder`); a restart refuses a model,
+optimizer or precision other than the save's unless ``allow_changes`` names the change.
 """
 
 from dataclasses import dataclass, field
@@ -29,9 +36,10 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ConfigError
-from .files import Checkpoint, Coordinator, clear, finish, latest, step_dir, write_rank
-from .pieces import load_optimizer, load_params, rank_pieces
-from .storage import Storage, charge_load, charge_write, close_save
+from .files import step_dir
+from .folder import latest
+from .loading import Checkpoint
+from .storage import Storage
 
 SEED = 0
 
@@ -40,16 +48,21 @@ SEED = 0
 class Checkpointing:
     """When and how a run saves: into ``path`` (a ``step_NNNNNNNN`` folder per save),
     every ``every`` steps (None: only after the run's last step, which always saves),
-    asynchronously or not, to ``storage``."""
+    asynchronously or not, to ``storage``. A run refuses a ``path`` that holds saves in
+    its way (:mod:`.folder`); ``overwrite=True`` deletes them before the first step."""
 
     path: object
     every: int = None
     async_save: bool = False
     storage: Storage = field(default_factory=Storage)
+    overwrite: bool = False
 
     def __post_init__(self):
         if self.every is not None and not (isinstance(self.every, int) and self.every >= 1):
             raise ConfigError(f"Checkpointing: every= is a number of steps (an int >= 1) or None, got {self.every!r}")
+        if not isinstance(self.overwrite, bool):
+            raise ConfigError(f"Checkpointing: overwrite= is True (delete the saves in the way) or False, got "
+                              f"{self.overwrite!r}")
         self.path = Path(self.path)
 
     @classmethod
@@ -79,71 +92,6 @@ class TrainState:
         return {"step": self.step, "optim_t": optim_t, "rng": self.rng.bit_generator.state}
 
 
-class Saver:
-    """A run's saves: planned once (:class:`~.files.Coordinator`), written by every rank
-    after the steps ``policy`` says, finished (manifests) after the run."""
-
-    def __init__(self, policy, world_size):
-        self.policy, self.world_size = Checkpointing.of(policy), world_size
-        self.coordinator, self.folders = Coordinator(), []
-
-    def prepare(self, first_step, steps):
-        """Clear the folders of the saves this run will make (a stale manifest must not
-        vouch for a save that fails)."""
-        for step in range(first_step + 1, first_step + steps + 1):
-            if self.policy.due(step, step == first_step + steps):
-                folder = step_dir(self.policy.path, step)
-                clear(folder)
-                self.folders.append(folder)
-
-    def after_step(self, comm, hooks, placements, coords, sizes, train, last):
-        if not self.policy.due(train.step, last):
-            return
-        pieces, optim_t = rank_pieces(hooks, placements, coords, sizes)
-        rank = comm.global_rank
-        if self.coordinator.writer is None:  # the first save plans: every rank's list to the coordinator, back
-            self.coordinator.register(rank, pieces)
-            comm.barrier()
-        mine = [p for p in pieces if self.coordinator.writes(rank, (p.fqn, p.offsets, p.sizes))]
-        end = charge_write(comm, sum(p.nbytes for p in mine), self.policy.storage, self.policy.async_save)
-        write_rank(step_dir(self.policy.path, train.step), rank, mine, train.saved(optim_t), end)
-        close_save(comm, self.policy.async_save)
-
-    def finish(self, ends):
-        """Write the manifest of every save that completed; return their folders."""
-        return [folder for folder in self.folders if finish(folder, self.world_size, ends)]
-
-
-class Restart:
-    """Loading a rank of a new mesh from ``checkpoint`` (a :class:`~.files.Checkpoint`)."""
-
-    def __init__(self, checkpoint, storage=None):
-        self.checkpoint = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
-        self.storage = storage or Storage()
-        self.shapes = {k[len("model."):]: tuple(t["shape"]) for k, t in self.checkpoint.tensors.items()
-                       if k.startswith("model.")}
-        self._bytes = {}  # rank -> bytes of parameters it read
-
-    def params(self, comm, placements, coords, sizes):
-        reads = []
-
-        def read(fqn, offsets, sizes_):
-            reads.append(self.checkpoint.read(fqn, offsets, sizes_))
-            return reads[-1]
-
-        local = load_params(read, placements, coords, sizes, self.shapes)
-        self._bytes[comm.global_rank] = sum(a.nbytes for a in reads)
-        return local
-
-    def optimizer(self, comm, hooks, placements, coords, sizes):
-        reads = []
-
-        def read(fqn, offsets, sizes_):
-            reads.append(self.checkpoint.read(fqn, offsets, sizes_))
-            return reads[-1]
-
-        load_optimizer(read, hooks, placements, coords, sizes, self.checkpoint.train["optim_t"])
-        charge_load(comm, self._bytes.pop(comm.global_rank) + sum(a.nbytes for a in reads), self.storage)
-
+from .saver import Restart, Saver  # noqa: E402 -- they use Checkpointing
 
 __all__ = ["Checkpointing", "Checkpoint", "Storage", "TrainState", "Saver", "Restart", "latest", "step_dir"]

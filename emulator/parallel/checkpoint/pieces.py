@@ -141,21 +141,22 @@ def _read_flat(read, prefix, layer, layout, rank, n, dtype, placements, coords, 
     return out
 
 
-def load_optimizer(read, hooks, placements, coords, sizes, step):
+def load_optimizer(read, hooks, placements, coords, sizes, step, kinds=STATE):
     """Fill this rank's optimizer state (freshly made by its strategies) from the saved
-    moments (and master weights), in place; set its step count to ``step``."""
+    moments (and master weights), in place; set its step count to ``step``. ``kinds``:
+    the state the save holds (a state it lacks keeps its fresh values)."""
     for s, unit, layer in _units(hooks):
         layout, r, n = s.layouts[unit], s.comm.rank, s.comm.size
         if _per_unit_state(s):
             state = s.state[unit]
-            for kind in STATE:
+            for kind in kinds:
                 if kind in state:
                     flat = state[kind]["flat"]
                     flat[...] = _read_flat(read, f"optim.{kind}", layer, layout, r, n, flat.dtype, placements,
                                            coords, sizes)
             state["t"] = step
         else:
-            for kind in STATE:
+            for kind in kinds:
                 if kind in s.state:
                     for k in layout.names:
                         arr = s.state[kind][f"{unit}.{k}"]
