@@ -98,7 +98,7 @@ tiny = nn.GPT(vocab=64, d_model=64, n_heads=8, d_ff=128, n_layers=2, max_seq=16,
 tiny_params = tiny.init(np.random.default_rng(0))
 batches = synthetic_batches(1, 8, 16, 64, seed=1)
 plan64 = ParallelDims(dp=4, tp=8, pp=2, micro_batches=2, zero_stage=1)
-slow_h100 = Topology.h100(flops=1e10)  # a tiny model's kernels, slowed to last as long as its messages
+slow_h100 = Topology.h100(flops=1e9)  # a tiny model's kernels, slowed to last as long as its messages
 run64 = run_on_mesh(tiny, tiny_params, batches, plan64, nn.AdamW(lr=1e-2), topology=slow_h100)
 ref, ref_losses = train_single(tiny, tiny_params, batches, nn.AdamW(lr=1e-2), micro_batches=8)
 gap = max(float(np.max(np.abs(run64.params[k] - ref[k]))) for k in ref)
@@ -111,8 +111,8 @@ print(f"64 ranks against one device after a step: largest parameter difference b
 # into 64 pieces. Each piece's timeline and memory, for the 16 ranks of replica 0
 # (ranks 0-7: stage 0; ranks 32-39: stage 1). The model is so small that at an H100's rate
 # its kernels would last picoseconds beside the microseconds of a message's latency, and
-# the compute lanes would read as all waiting; the GPUs here compute at 10 GFLOP/s
-# (`Topology.h100(flops=1e10)`), so that both show, coloured by pass:
+# the compute lanes would read as all waiting; the GPUs here compute at 1 GFLOP/s
+# (`Topology.h100(flops=1e9)`), so that both show, coloured by pass:
 
 # %%
 replica0 = [r for r in range(64) if run64.world.mesh.coords(r)["dp"] == 0]
