@@ -102,7 +102,8 @@ for r in range(4):
 # * over the **ideal step** (the overhead on top of the work): $\frac{p-1}{m}$.
 #
 # They agree when $m \gg p$. This course uses the first for the rule of thumb and the
-# second in Problem 8.2; `pipeline_bubble(p, m, of="total")` and `of="ideal"` give each. With $p = 4$: what will $m = 4$, 32 and 64 give? Then measure.
+# second in Problem 8.2; `pipeline_bubble(p, m, of="total")` and `of="ideal"` give each.
+# With $p = 4$: what will $m = 4$, 32 and 64 give? Then measure.
 
 # %%
 gp4 = run("gpipe", 4, 4)
@@ -520,9 +521,8 @@ for name, r in results.items():
 # * **ZB-V** gives each rank two chunks placed in a V (rank 0 holds the first and the
 #   last), so that the last stage's gradient turns around on the same GPU; with equal F,
 #   B and W it reaches zero bubble at 1F1B's memory.
-# * **DualPipe** (DeepSeek-V3 technical report, section 3.2.1) is sometimes called "the
-#   DeepSeek interleaving", but it is a different schedule from section 6's interleaved
-#   1F1B. Micro-batches enter from both ends of the pipeline at once: rank
+# * **DualPipe** (DeepSeek-V3 technical report, section 3.2.1) interleaves too, but it is a
+#   different schedule from section 6's interleaved 1F1B. Micro-batches enter from both ends of the pipeline at once: rank
 #   $r$ holds stage $r$ of one direction and stage $p - 1 - r$ of the other, so twice
 #   a 1F1B stage's parameters. Each rank runs the forward chunk of one micro-batch
 #   overlapped with the backward chunk of another, so that expert parallelism's

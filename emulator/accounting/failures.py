@@ -64,7 +64,8 @@ LLAMA3_TABLE5 = (
     ("Software Bug", "Dependency", 54, 12.9), ("Network Switch/Cable", "Network", 35, 8.4),
     ("Host Maintenance", "Unplanned Maintenance", 32, 7.6), ("GPU SRAM Memory", "GPU", 19, 4.5),
     ("GPU System Processor", "GPU", 17, 4.1), ("NIC", "Host", 7, 1.7), ("NCCL Watchdog Timeouts", "Unknown", 7, 1.7),
-    ("Silent Data Corruption", "GPU", 6, 1.4), ("GPU Thermal Interface + Sensor", "GPU", 6, 1.4), ("SSD", "Host", 3, 0.7),
+    ("Silent Data Corruption", "GPU", 6, 1.4), ("GPU Thermal Interface + Sensor", "GPU", 6, 1.4),
+    ("SSD", "Host", 3, 0.7),
     ("Power Supply", "Host", 3, 0.7), ("Server Chassis", "Host", 2, 0.5), ("IO Expansion Board", "Host", 2, 0.5),
     ("Dependency", "Dependency", 2, 0.5), ("CPU", "Host", 2, 0.5), ("System Memory", "Host", 2, 0.5),
 )

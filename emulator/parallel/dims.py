@@ -123,8 +123,9 @@ class ParallelDims:
     # ----------------------------------------------------------------- validation
     def problems(self, model, seq_len=None, batch=None):
         """Every constraint this description breaks for ``model`` (an ``nn.GPT``, a planner's
-        ``ModelSpec``, or anything with their attributes; a ``max_seq`` of None is not checked), a sequence of ``seq_len`` positions and a global batch of
-        ``batch`` sequences (None: not checked). A list of sentences; empty if valid."""
+        ``ModelSpec``, or anything with their attributes; a ``max_seq`` of None is not
+        checked), a sequence of ``seq_len`` positions and a global batch of ``batch``
+        sequences (None: not checked). A list of sentences; empty if valid."""
         out = []
         t = self.tp
         n_heads, n_kv = model.n_heads, getattr(model, "n_kv_heads", model.n_heads)
