@@ -93,6 +93,9 @@ for stage, name in enumerate(["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]):
     b = zero_bytes_per_gpu(7.5e9, 64, stage)
     print(f"{name:7s} {b / 1e9:6.1f} GB per GPU  (params {b.params / 1e9:5.2f}, grads {b.grads / 1e9:5.2f}, "
           f"optimizer {b.optimizer / 1e9:5.2f})")
+alone, sharded = zero_bytes_per_gpu(7e9, 1, 0), zero_bytes_per_gpu(7e9, 8, 3)
+print(f"a 7B model: {alone / 1e9:.0f} GB of training state on one GPU, more than its 80 GB; under FSDP (ZeRO-3) "
+      f"over 8 GPUs, {sharded / 1e9:.0f} GB each: it fits, with {80 - sharded / 1e9:.0f} GB left for activations")
 
 # %% [markdown]
 # Explore the formula: model size, number of GPUs, stage, optimizer bytes $K$. The dashed
@@ -552,6 +555,18 @@ def problem_8_1(n_params=30e9, dp_size=16, gpu_gb=80):
 
 # %% tags=["check"]
 grade.problem_8_1(problem_8_1)
+
+# %% [markdown]
+# The problem's numbers, from the library's formula (so they print whatever your answer):
+
+# %%
+fitting = []
+for stage, name in enumerate(["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]):
+    b = zero_bytes_per_gpu(30e9, 16, stage)
+    fitting += [name] if b <= 80e9 else []
+    print(f"{name:7s} {b / 1e9:6.1f} GB per GPU (params {b.params / 1e9:5.2f}, grads {b.grads / 1e9:5.2f}, optimizer "
+          f"{b.optimizer / 1e9:5.2f}): {'fits' if b <= 80e9 else 'does not fit'} in 80 GB")
+print("only " + fitting[0] + " fits" if len(fitting) == 1 else f"these fit: {fitting}")
 
 # %% [markdown]
 # ## 10. On real GPUs

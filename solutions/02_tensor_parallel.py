@@ -57,6 +57,39 @@ print(f"activations of one sequence through {L} layers: {acts / 1e9:.1f} GB per 
 # an 80 GB GPU. Model parallelism changes what travels: instead of moving parameters to the
 # data (ZeRO), it moves activations between the GPUs that each hold a piece of the model.
 #
+# Tensor parallelism, which this lesson builds, cuts every layer, so every GPU works on the
+# same sequences at the same time: it asks for no batch and leaves no bubble. *Predict
+# first*: one sequence, a small GPT on 4 GPUs, split by data, by layers (a pipeline of 4
+# stages, lesson 03) and by tensor parallelism. Which runs, and how much of the step does
+# each GPU compute? (The GPU is slowed to 1 GFLOP/s so that this small model's layers
+# compute for longer than their all-reduces take on NVLink, as a large model's do.)
+
+# %%
+from emulator import ConfigError
+from emulator.parallel import ParallelDims, run_on_mesh
+from emulator.training import synthetic_batches
+
+small_gpt = nn.GPT(vocab=64, d_model=64, n_heads=4, d_ff=256, n_layers=4, max_seq=32, dtype=np.float64)
+one_sequence = synthetic_batches(1, 1, 32, 64, seed=1)
+for name, dims in (("DP 4", ParallelDims(dp=4)), ("PP 4", ParallelDims(pp=4)), ("TP 4", ParallelDims(tp=4))):
+    try:
+        run = run_on_mesh(small_gpt, small_gpt.init(np.random.default_rng(0)), one_sequence, dims, nn.AdamW(),
+                          topology=Topology(flops=1e9))
+    except ConfigError as err:
+        print(f"{name}: refused: {str(err).splitlines()[-1].strip(' -')}")
+        continue
+    tl = run.world.timeline()
+    busy = [tl.total("compute", r) / run.step_time() for r in range(tl.size)]
+    print(f"{name}: step {run.step_time() * 1e3:5.2f} ms; each GPU computes " + ", ".join(f"{b:.0%}" for b in busy)
+          + " of it")
+
+# %% [markdown]
+# Data parallelism needs a sequence per GPU and refuses; the pipeline runs, but with one
+# micro-batch only one stage works at a time, three quarters of each GPU's step idle (its
+# bubble); tensor parallelism keeps all four computing nearly the whole step, a quarter of
+# one GPU's step long. What it pays instead is the all-reduces, on every layer (sections 4
+# and 5).
+#
 # ## 2. The Megatron MLP: columns, then rows
 #
 # The MLP is $Z = \mathrm{GELU}(XA)\,B$. Cut $A$ by columns into $[A_1, \dots, A_t]$: rank
@@ -246,8 +279,23 @@ def problem_8_3(b=4, s=8192, h=8192, t=8, dtype_bytes=2):
 grade.problem_8_3(problem_8_3)
 
 # %% [markdown]
-# Seven times the bytes, and in blocking collectives: TP belongs on the fastest link
-# there is.
+# Problem 8.3's two numbers are not alike: the first counts tensor parallelism's forward
+# and backward, the second one direction of a boundary. Compared like with like, forward and
+# backward on both sides (a boundary sends the activations forward and their gradient back):
+
+# %%
+tp_layer = tp_bytes_per_layer(4, 8192, 8192, 8)  # forward and backward, per GPU, per layer
+cut = 2 * pp_bytes_per_boundary(4, 8192, 8192)  # forward and backward, per micro-batch
+print(f"TP 8, one layer: {tp_layer / 1e9:.2f} GB per GPU; one pipeline boundary: {cut / 1e9:.2f} GB: "
+      f"{tp_layer / cut:.1f}x per layer, {tp_layer / cut:.1f}k x for a stage of k layers "
+      f"(k = 10: {10 * tp_layer / cut:.0f}x)")
+
+# %% [markdown]
+# 3.5 times the bytes per layer, and a pipeline stage of $k$ layers sends its one boundary's
+# bytes while tensor parallelism sends 3.5 $k$ times as many, in blocking collectives: TP
+# belongs on the fastest link there is. (The "7x" often quoted divides TP's forward and
+# backward by the boundary's forward alone: $8\,bsh\,\frac{t-1}{t} = 7\,bsh$ at $t = 8$,
+# against $bsh$.)
 #
 # ## 5. TP across a node boundary
 #
@@ -587,7 +635,10 @@ print("the backward with SP, per rank: " + ", ".join(f"{op} {n:,d} B in {calls[o
 # all-reduce of the partial gradients, 4,608 bytes (Megatron does it in
 # `_allreduce_non_tensor_model_parallel_grads`,
 # `megatron/core/distributed/finalize_model_grads.py`). A whole step sends 250,368 bytes
-# per rank against tensor parallelism's 196,608, 27% more.
+# per rank against tensor parallelism's 196,608, 27% more. Megatron-Core leaves sequence
+# parallelism off unless asked: `sequence_parallel: bool = False` in
+# `megatron/core/model_parallel_config.py`, turned on by `--sequence-parallel`
+# (`megatron/training/arguments.py`; `NVIDIA/Megatron-LM` commit f2e5db4).
 #
 # That extra is a choice between bytes and memory. Keeping the two gathered inputs in the
 # cache instead saves both all-gathers, and costs, on each rank, the whole (b, s, h)

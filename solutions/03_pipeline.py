@@ -101,9 +101,9 @@ for r in range(4):
 # * over the **whole step** (the share of GPU time wasted): $\frac{p-1}{m+p-1}$;
 # * over the **ideal step** (the overhead on top of the work): $\frac{p-1}{m}$.
 #
-# They agree when $m \gg p$. The lecture notes use the first for the rule of thumb and
-# the second in Problem 8.2; `pipeline_bubble(p, m, of="total")` and `of="ideal"` give
-# each. With $p = 4$: what will $m = 4$, 32 and 64 give? Then measure.
+# They agree when $m \gg p$. This course uses the first for the rule of thumb and the
+# second in Problem 8.2; `pipeline_bubble(p, m, of="total")` and `of="ideal"` give each.
+# With $p = 4$: what will $m = 4$, 32 and 64 give? Then measure.
 
 # %%
 gp4 = run("gpipe", 4, 4)
@@ -521,9 +521,8 @@ for name, r in results.items():
 # * **ZB-V** gives each rank two chunks placed in a V (rank 0 holds the first and the
 #   last), so that the last stage's gradient turns around on the same GPU; with equal F,
 #   B and W it reaches zero bubble at 1F1B's memory.
-# * **DualPipe** (DeepSeek-V3 technical report, section 3.2.1) is what the lecture notes
-#   call "the DeepSeek interleaving", but it is a different schedule from section 6's
-#   interleaved 1F1B. Micro-batches enter from both ends of the pipeline at once: rank
+# * **DualPipe** (DeepSeek-V3 technical report, section 3.2.1) interleaves too, but it is a
+#   different schedule from section 6's interleaved 1F1B. Micro-batches enter from both ends of the pipeline at once: rank
 #   $r$ holds stage $r$ of one direction and stage $p - 1 - r$ of the other, so twice
 #   a 1F1B stage's parameters. Each rank runs the forward chunk of one micro-batch
 #   overlapped with the backward chunk of another, so that expert parallelism's
@@ -536,13 +535,14 @@ for name, r in results.items():
 # ## 8. Traffic, and where pipelines go
 #
 # A cut carries $b \cdot s \cdot h$ activations per micro-batch, point to point, once
-# forward and once backward. Tensor parallelism moves $8\,bsh\,\frac{t-1}{t}$ per layer
-# in blocking all-reduces (lesson 02). For Problem 8.3's shapes ($b=4$, $s=8192$,
-# $h=8192$, bf16, $t=8$):
+# forward and once backward. Tensor parallelism moves $8\,bsh\,\frac{t-1}{t}$ per layer,
+# forward and backward, in blocking all-reduces (lesson 02). For Problem 8.3's shapes
+# ($b=4$, $s=8192$, $h=8192$, bf16, $t=8$), like with like (both ways):
 
 # %%
-print(f"PP: {pp_bytes_per_boundary(4, 8192, 8192) / 1e9:.2f} GB per micro-batch per cut; "
-      f"TP: {tp_bytes_per_layer(4, 8192, 8192, 8) / 1e9:.2f} GB per layer, every layer")
+cut, tp_layer = 2 * pp_bytes_per_boundary(4, 8192, 8192), tp_bytes_per_layer(4, 8192, 8192, 8)
+print(f"PP: {cut / 1e9:.2f} GB per micro-batch per cut, forward and backward; TP: {tp_layer / 1e9:.2f} GB per "
+      f"layer, every layer: {tp_layer / cut:.1f}x per layer, {tp_layer / cut:.1f}k x for a stage of k layers")
 r = run("1f1b", 4, 8)
 sizes = sorted({c.nbytes for calls in r.world.calls for c in calls if c.op == "send"})
 print(f"measured here: message sizes {sizes} bytes; b s h x 4 bytes = "

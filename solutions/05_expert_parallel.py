@@ -519,15 +519,17 @@ for d in (64, 1024):
 # one latency (every message at once), against the ring all-reduce's 14 steps, so EP is
 # faster at both widths. With EP equal to the number of experts each rank holds one whole
 # expert, its GEMMs full size, and every row that arrives is for that expert: the local
-# permutation of tokens by expert, and its inverse, are not needed (Megatron-LM's MoE
-# guide, "Prefer EP over TP for the expert layer", `megatron/core/transformer/moe/README.md`).
+# permutation of tokens by expert, and its inverse, are not needed (Megatron-Core's MoE
+# README, its guideline 4, "Prefer EP over TP for Expert Layers": "When `EP = num_experts`,
+# local token permutation is eliminated"; `megatron/core/transformer/moe/README.md`,
+# `NVIDIA/Megatron-LM` commit d98e8a6).
 #
 # ## 7. Composition: different splits for attention and experts
 #
 # Attention and MoE layers need not use the same groups. On 8 ranks, attention may run
 # TP 2 x DP 4 while the experts run EP 4 x expert-DP 2: the same ranks, grouped two ways.
-# Expert parallelism usually lives inside the data-parallel ranks (EP is bounded by DP),
-# so the degrees do not simply multiply.
+# Expert parallelism takes its ranks from the data-parallel ones (and the context-parallel
+# ones, when there are any), so the degrees do not simply multiply.
 
 # %%
 attention, experts = Mesh({"dp": 4, "tp": 2}), Mesh({"edp": 2, "ep": 4})
@@ -548,6 +550,22 @@ for r in range(8):
     g = dims.groups_of(r)
     print(f"rank {r}: TP {list(g['tp'])}, DP {list(g['dp'])} | EP {list(g['ep'])} (each expert's hidden units "
           f"split over TP), expert-DP {list(g['edp'])}")
+
+# %% [markdown]
+# Hence the bound: the expert groups are cut from the `dp x cp` ranks of each TP slice, so
+# `ep` must divide `dp x cp`. The common rule "EP is bounded by DP" is that rule when
+# there is no context parallelism (cp = 1); with it, the context-parallel ranks, which hold
+# the same weights as the data-parallel ones, can hold experts too. *Predict first*: on 8
+# GPUs with TP 2, which of these does `ParallelDims` accept for Mixtral 8x22B's 8 experts?
+
+# %%
+from emulator.planner import model_preset
+
+mixtral = model_preset("mixtral-8x22b")
+for plan in (ParallelDims(dp=4, tp=2, ep=4), ParallelDims(dp=4, tp=2, ep=8), ParallelDims(dp=2, cp=2, tp=2, ep=4),
+             ParallelDims(dp=2, tp=2, pp=2, ep=4)):
+    found = plan.problems(mixtral)
+    print(f"{str(plan):38s} " + ("accepted" if not found else "refused: " + "; ".join(found)))
 
 # %% [markdown]
 # ## 8. Three published MoE models
@@ -571,7 +589,14 @@ for name, m in CASE_STUDIES.items():
 # DeepSeek-V3 spreads 256 experts over 64 GPUs (8 nodes), 4 per GPU, each token to 8
 # experts: hundreds of MB per layer, most of it across nodes, which is why its dispatch is
 # in FP8, why each token is limited to 4 nodes and crosses InfiniBand once per node, and
-# why DeepEP exists.
+# why dispatch and combine get kernels of their own rather than a general all-to-all, which
+# knows nothing of the routing, the node limit or the SMs the experts' GEMMs need beside
+# it. DeepSeek wrote DeepEP for this, down to hand-written PTX (its V1 documentation's
+# "Undefined-behavior PTX usage": a read-only `ld.global.nc.L1::no_allocate.L2::256B` load
+# used to read volatile data, for speed; `docs/legacy.md` of `deepseek-ai/DeepEP`, commit
+# dd758ca); NVIDIA added Hybrid-EP to it, a backend that moves tokens over NVLink with the
+# Tensor Memory Accelerator (TMA) instructions to take as few SMs as it can
+# (`docs/README_Hybrid-EP.md` on DeepEP's `hybrid-ep` branch, commit 94a9f8f).
 #
 # **Napkin 5.1** — the forward all-to-all bytes one GPU sends per MoE layer (dispatch and
 # combine), for `tokens` tokens on the GPU, width `d_model`, `top_k` experts per token

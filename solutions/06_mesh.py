@@ -12,8 +12,8 @@
 # running the same plan, and against published training runs.
 #
 # You will write the rank-to-coordinates map of a mesh (Exercise 6.1), a plan's memory per
-# GPU (6.2) and its bytes per axis (6.3), turn the lecture's three claims about the mesh
-# into a function (6.4), and pick a plan for a cluster (6.5); and answer three napkins.
+# GPU (6.2) and its bytes per axis (6.3), turn three claims about a DP x TP x PP split into
+# a function (6.4), and pick a plan for a cluster (6.5); and answer three napkins.
 
 # %%
 import numpy as np
@@ -44,7 +44,7 @@ setup()
 # are consecutive, so they share a node and NVLink; `pp` is outermost, so the stages of a
 # pipeline sit on different nodes.
 #
-# The lecture's layout: 8 nodes of 8 H100s, a model too big for one node, DP 4 x TP 8 x PP 2.
+# A layout to start from: 8 nodes of 8 H100s, a model too big for one node, DP 4 x TP 8 x PP 2.
 # *Predict first*: which node holds stage 1 of data-parallel replica 2, and which links do
 # the three kinds of groups use?
 
@@ -98,7 +98,8 @@ tiny = nn.GPT(vocab=64, d_model=64, n_heads=8, d_ff=128, n_layers=2, max_seq=16,
 tiny_params = tiny.init(np.random.default_rng(0))
 batches = synthetic_batches(1, 8, 16, 64, seed=1)
 plan64 = ParallelDims(dp=4, tp=8, pp=2, micro_batches=2, zero_stage=1)
-run64 = run_on_mesh(tiny, tiny_params, batches, plan64, nn.AdamW(lr=1e-2), topology=Topology.h100())
+slow_h100 = Topology.h100(flops=1e9)  # a tiny model's kernels, slowed to last as long as its messages
+run64 = run_on_mesh(tiny, tiny_params, batches, plan64, nn.AdamW(lr=1e-2), topology=slow_h100)
 ref, ref_losses = train_single(tiny, tiny_params, batches, nn.AdamW(lr=1e-2), micro_batches=8)
 gap = max(float(np.max(np.abs(run64.params[k] - ref[k]))) for k in ref)
 assert gap < 1e-11 and np.allclose(run64.losses, ref_losses, rtol=1e-12)
@@ -108,13 +109,16 @@ print(f"64 ranks against one device after a step: largest parameter difference b
 # %% [markdown]
 # Equal to round-off: the mesh computes the same training step as one device, only cut
 # into 64 pieces. Each piece's timeline and memory, for the 16 ranks of replica 0
-# (ranks 0-7: stage 0; ranks 32-39: stage 1):
+# (ranks 0-7: stage 0; ranks 32-39: stage 1). The model is so small that at an H100's rate
+# its kernels would last picoseconds beside the microseconds of a message's latency, and
+# the compute lanes would read as all waiting; the GPUs here compute at 1 GFLOP/s
+# (`Topology.h100(flops=1e9)`), so that both show, coloured by pass:
 
 # %%
 replica0 = [r for r in range(64) if run64.world.mesh.coords(r)["dp"] == 0]
 viz.gantt(run64.world.timeline().of_ranks(replica0[::4]), streams=("comm tp", "comm dp", "p2p"),
           title="DP4 x TP8 x PP2: ranks 0, 4 (stage 0) and 32, 36 (stage 1) of replica 0", unit="us",
-          label_events=False)
+          label_events=False, colors=viz.PASS_COLORS, kind_of=viz.training_pass)
 plt.show()
 fig, axes = plt.subplots(1, 2, figsize=(9, 2.6), sharey=True)
 for ax, r in zip(axes, (0, 32)):
@@ -125,20 +129,27 @@ sent = run64.world.stats().bytes_sent_by_group
 print("bytes rank 0 and rank 32 sent in the step, per group and link:")
 for (group, link), per_rank in sorted(sent.items()):
     print(f"  {group:6s} over {link:6s}: rank 0 {per_rank[0]:>9,d}  rank 32 {per_rank[32]:>9,d}")
+for r in (0, 32):
+    led = run64.world.memory[r]
+    print(f"rank {r}: activations at their highest {led.peak_by_kind['activations'] / 1e3:.1f} kB; at the rank's "
+          f"peak (the legend) {led.peak_breakdown['activations'] / 1e3:.1f} kB")
 
 # %% [markdown]
 # The tensor-parallel group talks the most and stays on NVLink; the pipeline hands one
 # micro-batch's activations (or gradients) at a time across nodes; the data-parallel
 # reduce-scatter and all-gather of ZeRO-1 cross nodes once per step. Stage 0 holds more
-# activations than stage 1: under 1F1B it has both micro-batches in flight at once, stage
-# 1 one.
+# activations than stage 1 at their highest: under 1F1B it has both micro-batches in flight
+# at once, stage 1 one (a little more per micro-batch: it also keeps the output layer's
+# input). The legends give each kind at the rank's peak of everything together, which for
+# stage 0 comes later, once its gradients are allocated and its first micro-batch's
+# activations freed: there it holds one micro-batch's, fewer than stage 1.
 #
 # ## 3. Validate a plan: account for it, then measure it
 #
-# The lecture's guide to a parallel configuration: write each rank's memory (parameters,
-# gradients, optimizer state, activations, communication buffers), each axis's collective
-# with its message size, frequency and link, then the throughput, bubble and overlap, and
-# check them on a run, rather than stopping at "it did not run out of memory". The planner
+# A parallel configuration is validated by accounting for it: each rank's memory
+# (parameters, gradients, optimizer state, activations, communication buffers), each axis's
+# collective with its message size, frequency and link, then the throughput, bubble and
+# overlap, all checked on a run, rather than stopping at "it did not run out of memory". The planner
 # writes that account for any plan. A GPT of 4 blocks (d = 128) on 8 GPUs, 2 nodes of 4,
 # DP 2 x TP 2 x PP 2 with sequence parallelism, ZeRO-1 and 1F1B over 4 micro-batches, bf16
 # with mixed-precision Adam, sequences of 256, 16 per step:
@@ -274,9 +285,11 @@ for z in (0, 1, 2, 3):
 #
 # ## 5. The practical order, from runs that break it
 #
-# The lecture's order: fill TP up to the GPUs of a node; put PP across nodes for depth; give
-# the rest to DP; add SP, CP and recomputation when activations or context dominate; keep
-# EP on fast links for an MoE. Each rule, shown by the plan that breaks it, on the planner
+# The usual order: fill TP up to the GPUs of a node; put PP across nodes for depth; give
+# the rest to DP (Narayanan et al., "Efficient Large-Scale Language Model Training on GPU
+# Clusters Using Megatron-LM", 2021, section 3, takeaways #1 and #2); add SP, CP and
+# recomputation when activations or context dominate; keep EP on fast links for an MoE.
+# Each rule, shown by the plan that breaks it, on the planner
 # (its times are the emulator's, as section 3 checked). A 70B-class model (Llama 3 70B's
 # shape) on 64 H100s, 4096 tokens per sequence, 512 sequences per step:
 
@@ -300,8 +313,8 @@ show("TP 8 in a node, PP 2 across, DP 4", ParallelDims(dp=4, tp=8, pp=2, micro_b
 show("the same on nodes of 4 GPUs (TP crosses)", ParallelDims(dp=4, tp=8, pp=2, micro_batches=128, **base),
      cluster=cluster_preset("h100", nodes=16, gpus_per_node=4))
 show("TP 2, PP 8, DP 4", ParallelDims(dp=4, tp=2, pp=8, micro_batches=128, **base))
-show("TP 2, PP 8, DP 4 without SP or recomputation", ParallelDims(dp=4, tp=2, pp=8, micro_batches=128,
-                                                                  zero_stage=1))
+_ = show("TP 2, PP 8, DP 4 without SP or recomputation", ParallelDims(dp=4, tp=2, pp=8, micro_batches=128,
+                                                                      zero_stage=1))
 
 # %% [markdown]
 # With 8 GPUs per node, TP 8 keeps every tensor-parallel collective on NVLink; the same plan
@@ -310,7 +323,7 @@ show("TP 2, PP 8, DP 4 without SP or recomputation", ParallelDims(dp=4, tp=2, pp
 # next line is a surprise: once the model fits, *less* TP is faster here. The emulator
 # sends every tensor-parallel collective unhidden and in fp32, so TP costs more than it does
 # in Megatron, which overlaps it with GEMMs; with TP 2 the same GPUs go to a deeper pipeline,
-# whose bubble, at 32 micro-batches per stage, is small. The lecture's order is about fitting
+# whose bubble, at 32 micro-batches per stage, is small. The usual order is about fitting
 # first: TP (on NVLink) and PP (across nodes) until the model fits, then everything else to
 # DP. And the last line: without sequence parallelism and recomputation the same plan no
 # longer fits. Activations, not parameters, are what fill these GPUs.
@@ -327,23 +340,23 @@ for per_node in (8, 2):
          cluster=cluster_preset("h100", nodes=128 // per_node, gpus_per_node=per_node), batch=256)
 
 # %% [markdown]
-# **The lecture's three claims.** (a) TP = 16 with 8 GPUs per node is invalid: its
+# **Three claims about a split.** (a) TP = 16 with 8 GPUs per node is invalid: its
 # all-reduces cross nodes. (b) At a fixed GPU count, the 16 bytes per parameter of
 # training state, fully sharded, depend only on DP x TP x PP, so raising PP (and lowering DP)
 # inflates the bubble while that memory holds flat. (c) Shifting the split back from PP into
 # DP lowers the bubble at no state-memory cost.
 #
-# **Exercise 6.4** — the claims as a function. For a model of `n_params` parameters on
-# `gpus` GPUs (`gpus_per_node` per node) with `tp` and `pp` (DP is what is left), a global
-# batch of `global_batch` sequences and `micro_batch` sequences per micro-batch, return
-# `{"valid": bool, "state_bytes": float, "bubble": float}`: valid when TP fits in a node,
-# TP x PP divides the GPUs and DP x micro_batch the batch; the state per GPU under full
-# sharding; the 1F1B bubble $(p-1)/(m+p-1)$ with $m$ micro-batches per replica (None when
-# not valid).
+# **Exercise 6.4** — a split in three numbers: the claims as a function. For a model of
+# `n_params` parameters on `gpus` GPUs (`gpus_per_node` per node) with `tp` and `pp` (DP is
+# what is left), a global batch of `global_batch` sequences and `micro_batch` sequences per
+# micro-batch, return `{"valid": bool, "state_bytes": float, "bubble": float}`: valid when
+# TP fits in a node, TP x PP divides the GPUs and DP x micro_batch the batch; the state per
+# GPU under full sharding; the 1F1B bubble $(p-1)/(m+p-1)$ with $m$ micro-batches per
+# replica (None when not valid).
 
 # %%
 def mesh_tradeoff(n_params, gpus, tp, pp, gpus_per_node, global_batch, micro_batch=1):
-    ### BEGIN SOLUTION: Exercise 6.4: the seed's three claims
+    ### BEGIN SOLUTION: Exercise 6.4: a split's validity, state and bubble
     valid = tp <= gpus_per_node and gpus % (tp * pp) == 0
     dp = gpus // (tp * pp) if gpus % (tp * pp) == 0 else 0
     valid = valid and global_batch % (dp * micro_batch) == 0
@@ -375,8 +388,8 @@ print(f"TP 16 is flagged invalid ({crossing.problems[0][:40]}...) and its step i
 # The state per GPU is 17.5 GB whatever the split (a), (b); raising PP from 2 to 8 while DP
 # falls from 4 to 1 raises the bubble, though the micro-batches per replica grow as DP
 # shrinks, and moving the split back from PP to DP undoes it (c). TP 16 is refused, and the
-# planner prices what it would cost. What the lecture does not say: **activation memory is
-# not flat**. Under 1F1B the first stage holds $p$ micro-batches at its peak and the last
+# planner prices what it would cost. What the three claims leave out: **activation memory
+# is not flat**. Under 1F1B the first stage holds $p$ micro-batches at its peak and the last
 # one. Measured, per stage, on the model of section 3 with four stages:
 
 # %%
@@ -473,7 +486,7 @@ for run in RUNS:
     if abs(tf / run.tflops_per_gpu - 1) > 0.15:
         missed.append((run, e, tf))
     print(f"{run.model:20s} {run.gpus:6,d} GPUs: published {run.tflops_per_gpu:5.1f}, predicted {tf:5.1f} "
-          f"({tf / run.tflops_per_gpu - 1:+.0%})" + ("" if abs(tf / run.tflops_per_gpu - 1) <= 0.15 else "  *"))
+          f"({tf / run.tflops_per_gpu - 1:+.1%})" + ("" if abs(tf / run.tflops_per_gpu - 1) <= 0.15 else "  *"))
 published_plot(rows)
 plt.show()
 print(f"{sum(abs(q / p - 1) <= 0.15 for _, p, q in rows)} of {len(rows)} within 15%")
@@ -491,9 +504,13 @@ print(f"{sum(abs(q / p - 1) <= 0.15 for _, p, q in rows)} of {len(rows)} within 
 # charge at all (bias-dropout-adds, the loss's softmax over the vocabulary, the
 # optimizer's update). Three rows come out too slow: the H100 runs with TP 8 and one or two
 # stages, where the emulator leaves the tensor-parallel collectives (in fp32) and ZeRO-1's
-# data-parallel ones exposed, and the README that published them says Megatron overlapped
-# all of them with compute (`--tp-comm-overlap`, `--overlap-grad-reduce`,
-# `--overlap-param-gather`) and sent bf16; and Llama 3's row on 8,192 GPUs:
+# data-parallel ones exposed, while the README that published them says the runs overlapped
+# data-parallel (`--overlap-grad-reduce --overlap-param-gather`), tensor-parallel
+# (`--tp-comm-overlap`) and pipeline-parallel communication with computation
+# (`NVIDIA/Megatron-LM` README, commit f2e5db4, line 66). It does not say in which precision
+# they were sent; Megatron reduces gradients in fp32 under `--bf16` whatever the flags
+# ("bfloat16 requires gradient accumulation and all-reduce to be done in fp32",
+# `megatron/training/arguments.py` at the same commit); and Llama 3's row on 8,192 GPUs:
 
 # %%
 def share(seconds, e):
@@ -516,8 +533,8 @@ for run, e, tf in missed:
 # For 1.7B and 3.6B the two napkins together account for the whole gap, for 76B to 310B
 # for most of it, for 1T for a third. The H100 1.7B row is not explained: what the
 # emulator leaves out is an eighth of that short step, not the 70% it missed by. In the
-# two slow H100 rows the exposed collectives are more than the gap: sent in bf16 and
-# mostly hidden, as Megatron runs them, they could close it. Llama 3's row on 8,192 GPUs
+# two slow H100 rows the exposed collectives are more than the gap: mostly hidden, as the
+# README says those runs hid them, they could close it. Llama 3's row on 8,192 GPUs
 # is slow for memory: with the emulator's activations (its SwiGLU keeps the gate, the up
 # projection and their product) the interleaved schedule Llama 3 used fits only with full
 # recomputation there, and the planner's faster pick, plain 1F1B, idles about a third of
@@ -526,8 +543,8 @@ for run, e, tf in missed:
 # **Llama 3 405B** (the Llama 3 paper, section 3.3.2 and Table 4) pretrained on 16,384 H100s
 # with TP 8, CP 1, PP 16, DP 128, and extended its context to 131,072 tokens with CP 16 and
 # DP 8 on the same GPUs: 8,192 positions per GPU either way. The paper also counts 148
-# interruptions from faulty GPUs during the 54 days of pretraining (its Table 5), which is
-# lesson 07's subject. The planner's account of both meshes, then its own pick:
+# interruptions from faulty GPUs in a 54-day snapshot of pretraining (its Table 5), which
+# is lesson 07's subject. The planner's account of both meshes, then its own pick:
 
 # %%
 llama405 = model_preset("llama3-405b")
@@ -543,17 +560,24 @@ for name, e in (("pretraining, 8k tokens", pre), ("long context, 131k tokens", l
 # %% [markdown]
 # Both meshes fit (the long one with full recomputation here). The tensor-parallel messages
 # are the same size in both, since each GPU holds 8,192 positions either way (the long mesh
-# sends more of them, recomputing every layer's forward); the long one adds the
-# context-parallel ring across nodes, which carries each step's K/V heads only (8 of them,
-# against 128 query heads) and costs about a fifth of its step.
+# sends more of them, recomputing every layer's forward); the long one adds context
+# parallelism across nodes, about a fifth of its step. The planner prices it as the
+# emulator runs it, a ring that passes each step's K/V heads only (8 of them, against 128
+# query heads); Llama 3 instead all-gathers K and V over the CP group before each layer's
+# attention (the paper's section 3.3.2; lesson 04 measures both), which sends each rank the
+# same blocks in forward.
 #
 # **Other published meshes.** Which axes each run used: DeepSeek-V3 trained on 2,048 H800s with
 # EP 64 spread over 8 nodes, PP 16, no TP, and ZeRO-1 (its technical report, section 3.2).
-# The rest as the lecture reports them (its notes, not checked here against each paper):
 # Mixtral 8x22B with EP 8, PP 4, TP 4 and Qwen 3 with EP 32, PP 8, TP 2 (both Megatron Bridge
-# recipes, not published training runs); OLMo 7B with FSDP alone; Gemma 2 with ZeRO-3, TP and
-# SP on TPUs and no pipeline; Yi with ZeRO-1, TP and PP; DeepSeek LLM (V1) with ZeRO-1, TP, SP
-# and PP. Where the sizes are not given, the sizes below are ours, and so are the GPU counts
+# recipes, not published training runs). The others as their reports describe their training
+# infrastructure: OLMo 7B with FSDP alone (Groeneveld et al., "OLMo: Accelerating the
+# Science of Language Models", 2024); Gemma 2 with ZeRO-3-like sharding, model sharding on
+# TPUs and no pipeline (Gemma Team, "Gemma 2: Improving Open Language Models at a Practical
+# Size", 2024); Yi with ZeRO-1, TP and PP (01.AI, "Yi: Open Foundation Models by 01.AI",
+# 2024); DeepSeek LLM (V1) with ZeRO-1, TP, SP and PP (DeepSeek-AI, "DeepSeek LLM: Scaling
+# Open-Source Language Models with Longtermism", 2024). Where the sizes are not given, the
+# sizes below are ours, and so are the GPU counts
 # (the planner models GPU nodes, so Gemma 2's TPU mesh becomes H100 nodes). The planner's
 # account of each (the published axes, the settings no one states chosen as for the
 # published rows above: the fastest that fits), and what it picks instead on the same GPUs:
@@ -675,8 +699,9 @@ grade.napkin_llama_cp(napkin_llama_cp)
 # %% [markdown]
 # ## 9. Explore
 #
-# The lecture's planner: GPUs, GPUs per node, N and L, a DP x TP x PP split; it turns red
-# when TP passes the GPUs of a node.
+# The three-number planner: GPUs, GPUs per node, N and L, a DP x TP x PP split, with the
+# micro-batches fixed at 4 per stage (m = 4 PP, said in its text); it turns red when TP
+# passes the GPUs of a node.
 
 # %% tags=["nbval-ignore-output"]
 from emulator.widgets import MeshPlanner, PlanExplorer
@@ -699,8 +724,8 @@ PlanExplorer(model="llama3-8b", nodes=1, seq_len=4096, batch_tokens=2**19, dp=2,
 # (never fitted to a training run), but not the optimizer's update, bias-adds, residual adds
 # or the loss's softmax over the vocabulary; it computes a bf16 model in fp32, so the
 # tensor-parallel collectives carry 4 bytes per value, all of them blocking; its ring
-# attention moves K/V in fp32 repeated for every query head; it books every message on the
-# ports it uses, so a data-parallel all-reduce delays a tensor-parallel one on the same
+# attention moves K/V in fp32 (the K/V heads only, as Llama 3's all-gather does); it books
+# every message on the ports it uses, so a data-parallel all-reduce delays a tensor-parallel one on the same
 # NVLink. The planner replays those port bookings for DDP's all-reduces only; it times
 # each collective with the closed forms of `emulator.cost` and all-to-alls pairwise, and
 # takes each pipeline transfer as starting when the receiver asks for it. Neither models

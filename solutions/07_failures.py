@@ -39,10 +39,24 @@ work = Path(tempfile.mkdtemp(prefix="lesson07-"))  # this lesson's checkpoints (
 # ## 1. Failure is routine at scale
 #
 # Meta reported what interrupted the pretraining of Llama 3 405B on up to 16,384 H100 GPUs
-# over a 54-day stretch (Llama 3 paper, "The Llama 3 Herd of Models", section 3.3.4 and
-# its table 5): 466 interruptions, 47 of them planned (firmware upgrades, maintenance), 419
-# unexpected. Faulty GPUs caused 148 of those, their HBM3 memory 72 more; about 78% were
-# hardware, confirmed or suspected. Still, more than 90% of the time went to training.
+# over a 54-day snapshot (Llama Team, "The Llama 3 Herd of Models", 2024, section 3.3.4):
+# 466 interruptions, 47 of them planned (firmware upgrades, maintenance), 419 unexpected,
+# whose root causes its Table 5 counts row by row (`failures.LLAMA3_TABLE5`):
+
+# %%
+by_cause, by_category = F.llama3_interruptions_by("component"), F.llama3_interruptions_by("category")
+print(f"Table 5: {len(F.LLAMA3_TABLE5)} root causes, {sum(by_cause.values())} unexpected interruptions; the largest:")
+for cause, n in list(by_cause.items())[:4]:
+    print(f"  {cause:22s} {n:4d} ({n / sum(by_cause.values()):.1%} of them)")
+print("by category: " + ", ".join(f"{c} {n}" for c, n in by_category.items()))
+hardware = sum(by_category[c] for c in F.HARDWARE)
+print(f"GPU, host and network faults: {hardware} of {sum(by_cause.values())} ({hardware / 419:.0%})")
+
+# %% [markdown]
+# Faulty GPUs caused 148 of the 419, their HBM3 memory 72 more, and GPU, host and network
+# faults together 77% (the paper: "about 78%" confirmed or suspected hardware). The table
+# itself prints 30.1% beside the 148, where 148 of 419 is 35.3%; every other row's
+# percentage is its count over 419. Still, more than 90% of the time went to training.
 # If GPUs fail independently, a job of $N$ GPUs fails $N$ times as often as one GPU does:
 
 # %%
@@ -94,17 +108,28 @@ except RankFailedError as err:
 # `ProcessGroupNCCL` runs a thread per process group that polls its unfinished work, and
 # once an operation has been pending for the group's timeout (10 minutes by default,
 # `kProcessGroupNCCLDefaultTimeout` in `torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp`)
-# it logs, from `WorkNCCL::checkTimeout` in `ProcessGroupNCCL.cpp`, a line of the form
+# it logs an error built in `WorkNCCL::checkTimeout` (`ProcessGroupNCCL.cpp`) as
+# `logPrefix(), "Watchdog caught collective operation timeout: ", *this, " ran for ",
+# timeElapsed.count(), " milliseconds before timing out."` (quoted from torch's source; the
+# same strings are in the released 2.14.1 library). With this run's numbers filled in, a
+# default run would print (seeing it live needs NCCL on GPUs):
 #
 # ```
 # [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE,
 #   NumelIn=65536, NumelOut=65536, Timeout(ms)=600000) ran for 600002 milliseconds before timing out.
 # ```
 #
-# then "failure detected by watchdog at work sequence id", asks every rank to dump its
-# flight recorder (the last collectives each rank issued, with their stacks), and takes
-# its own process down (`WorkNCCL::handleException`: "To avoid data inconsistency, we are
-# taking the entire process down"). `TORCH_NCCL_ASYNC_ERROR_HANDLING` decides that last
+# then "failure detected by watchdog at work sequence id", and takes its own process down
+# (`WorkNCCL::handleException`: "To avoid data inconsistency, we are taking the entire
+# process down"). On the way it dumps the **flight recorder** (a ring buffer of the last
+# collectives each rank issued, with their stacks) only if the recorder is on: it keeps
+# `TORCH_NCCL_TRACE_BUFFER_SIZE` entries, and at 0 it records nothing (asked to dump, torch
+# then says "You can enable it by setting TORCH_NCCL_TRACE_BUFFER_SIZE to a non-zero
+# value"). The default depends on the release: 0 in torch 2.4, whose default run dumps
+# nothing; 2,000 in torch 2.13, the version this course pins
+# (`torch/csrc/distributed/c10d/FlightRecorder.hpp`, read as `TORCH_FR_BUFFER_SIZE` or
+# `TORCH_NCCL_TRACE_BUFFER_SIZE`), where the dump on a timeout is on unless
+# `TORCH_NCCL_DUMP_ON_TIMEOUT=0`. `TORCH_NCCL_ASYNC_ERROR_HANDLING` decides that last
 # part: `ProcessGroupNCCL` defaults to 3 and torchrun sets 1 for its workers
 # (`local_elastic_agent.py`); both tear the process down. The message names the rank that
 # waited and the operation, not the rank that died: finding that one takes the desync
@@ -514,10 +539,10 @@ grade.napkin_goodput(napkin_goodput)
 #
 # * **Know what fails.** Llama 3's table 5 counts 148 interruptions from faulty GPUs, 72
 #   from HBM3 memory, 54 software bugs, 35 network switches and cables, 7 NCCL watchdog
-#   timeouts with no known cause. Its team relied on PyTorch's NCCL flight recorder (a ring
-#   buffer of each rank's recent collectives and their stacks, dumped on a timeout) to find
-#   hangs and slow ranks quickly, had to intervene by hand only three times in the 54
-#   days, and noted that even temperature moved throughput by 1 to 2% over a day (section
+#   timeouts with no known cause (section 1). Its team relied on PyTorch's NCCL flight
+#   recorder (a ring buffer of each rank's recent collectives and their stacks, dumped on a
+#   timeout) to find hangs and slow ranks quickly, had to intervene by hand only three times
+#   in the 54-day snapshot, and noted that even temperature moved throughput by 1 to 2% over a day (section
 #   3.3.4).
 # * **Detect fast.** A watchdog of ten minutes costs ten minutes of the whole job per
 #   failure (Napkin 7.1). Shorter timeouts detect sooner but risk killing a slow but

@@ -19,6 +19,23 @@ def test_llama3_rate():
     assert F.job_mtbf(16384 * M3, 16384) == pytest.approx(M3)
 
 
+def test_llama3_table5_adds_up_to_the_papers_counts():
+    """Table 5's rows: 419 unexpected interruptions, 148 of them faulty GPUs, the named rows of
+    LLAMA3_INTERRUPTIONS, GPU, host and network faults 77% ("about 78%" in the paper's text);
+    its printed percentages are the counts over 419 except the first row's."""
+    L, rows = F.LLAMA3_INTERRUPTIONS, F.LLAMA3_TABLE5
+    by_category, by_component = F.llama3_interruptions_by("category"), F.llama3_interruptions_by("component")
+    assert sum(by_category.values()) == sum(by_component.values()) == L["unexpected"] == 419 and len(rows) == 18
+    assert by_component["Faulty GPU"] == L["faulty_gpu"] == 148 and by_component["GPU HBM3 Memory"] == 72
+    assert by_component["NCCL Watchdog Timeouts"] == L["nccl_watchdog_timeouts"] == 7
+    assert list(by_category)[0] == "GPU" and by_category["GPU"] == 268 and by_category["Network"] == L["network"]
+    assert sum(by_category[c] for c in F.HARDWARE) / 419 == pytest.approx(0.773, abs=1e-3)
+    off = [name for name, _, n, pct in rows if abs(100 * n / 419 - pct) > 0.06]
+    assert off == ["Faulty GPU"] and sum(pct for *_, pct in rows) == pytest.approx(94.9)
+    with pytest.raises(ConfigError, match="category"):
+        F.llama3_interruptions_by("cause")
+
+
 @pytest.mark.parametrize("mtbf_min, want_min", [(24 * 60, 117), (6 * 60, 57), (15, 9.1)])
 def test_daly_reproduces_his_figures(mtbf_min, want_min):
     """Daly 2006, figures 3 to 5: dump time 5 minutes."""

@@ -158,25 +158,54 @@ def test_comm_bytes_check(capsys):
 
 
 # ----------------------------------------------------------------- Exercise 6.4
-def test_mesh_tradeoff_check(capsys):
-    def by_hand(n_params, gpus, tp, pp, gpus_per_node, global_batch, micro_batch=1):
-        ok = tp <= gpus_per_node and gpus % (tp * pp) == 0 and global_batch % (gpus // (tp * pp) * micro_batch) == 0
-        m = global_batch / (gpus / (tp * pp)) / micro_batch
-        return {"valid": ok, "state_bytes": n_params * 16 / gpus, "bubble": (pp - 1) / (m + pp - 1) if ok else None}
+def tradeoff_by_hand(n_params, gpus, tp, pp, gpus_per_node, global_batch, micro_batch=1):
+    """Right, written differently: floats for m, every rule in one expression."""
+    ok = tp <= gpus_per_node and gpus % (tp * pp) == 0 and global_batch % (gpus // (tp * pp) * micro_batch) == 0
+    m = global_batch / (gpus / (tp * pp)) / micro_batch
+    return {"valid": ok, "state_bytes": n_params * 16 / gpus, "bubble": (pp - 1) / (m + pp - 1) if ok else None}
 
-    g.check_mesh_tradeoff(by_hand)
-    assert "PASSED Exercise 6.4" in capsys.readouterr().out
+
+def tradeoff_by_reasons(n_params, gpus, tp, pp, gpus_per_node, global_batch, micro_batch=1):
+    """Right, written differently again: collect what is wrong, sequences per replica first."""
+    wrong = []
+    if tp > gpus_per_node:
+        wrong.append("node")
+    replicas, rest = divmod(gpus, tp * pp)
+    if rest:
+        wrong.append("gpus")
+    per_replica, rest = divmod(global_batch, replicas) if replicas else (0, 1)
+    if rest or per_replica % micro_batch:
+        wrong.append("batch")
+    m = per_replica // micro_batch
+    bubble = None if wrong else 1 - m / (m + pp - 1)
+    return {"valid": not wrong, "state_bytes": (2 + 2 + 12) * n_params / gpus, "bubble": bubble}
+
+
+def test_mesh_tradeoff_check(capsys):
+    g.check_mesh_tradeoff(tradeoff_by_hand)
+    g.check_mesh_tradeoff(tradeoff_by_reasons)
+    assert capsys.readouterr().out.count("PASSED Exercise 6.4") == 2
 
     def variant(**change):
-        def fn(*args):
-            out = by_hand(*args)
-            n_params, gpus, tp, pp, gpn, batch = args[:6]
+        def fn(n_params, gpus, tp, pp, gpn, batch, micro_batch=1):
+            out = tradeoff_by_hand(n_params, gpus, tp, pp, gpn, batch, micro_batch)
+            dp = gpus // (tp * pp)
             if "state" in change:
                 out["state_bytes"] = 16 * n_params / (tp * pp)
             if "ideal" in change and out["valid"]:
-                out["bubble"] = (pp - 1) / (batch / (gpus // (tp * pp)))
-            if "node" in change:
-                out["valid"] = gpus % (tp * pp) == 0
+                out["bubble"] = (pp - 1) / (batch / dp)
+            if "node_only" in change:  # no divisibility test at all
+                out["valid"] = tp <= gpn
+                out["bubble"] = (pp - 1) / (batch / (dp * micro_batch) + pp - 1) if out["valid"] and dp else None
+            if "no_node" in change:
+                out["valid"] = gpus % (tp * pp) == 0 and batch % (dp * micro_batch) == 0
+            if "no_micro_batch" in change:  # micro_batch ignored: m = batch / dp, and dp alone must divide it
+                out["valid"] = tp <= gpn and gpus % (tp * pp) == 0 and batch % dp == 0
+                out["bubble"] = (pp - 1) / (batch / dp + pp - 1) if out["valid"] else None
+            if "bubble_when_invalid" in change and not out["valid"]:
+                out["bubble"] = 0.0
+            if "rounded" in change and out["bubble"] is not None:
+                out["bubble"] = round(out["bubble"], 4)
             return out
         return fn
 
@@ -184,8 +213,16 @@ def test_mesh_tradeoff_check(capsys):
         g.check_mesh_tradeoff(variant(state=True))
     with pytest.raises(CheckFailed, match="bubble"):
         g.check_mesh_tradeoff(variant(ideal=True))
-    with pytest.raises(CheckFailed, match="valid should be False"):
-        g.check_mesh_tradeoff(variant(node=True))
+    with pytest.raises(CheckFailed, match=r"valid should be False: tp x pp = 16 does not divide the 24 GPUs"):
+        g.check_mesh_tradeoff(variant(node_only=True))
+    with pytest.raises(CheckFailed, match=r"valid should be False: tp=16 does not fit in a node of 8"):
+        g.check_mesh_tradeoff(variant(no_node=True))
+    with pytest.raises(CheckFailed, match=r"you took m = batch / dp = 128; with 4 sequences per micro-batch"):
+        g.check_mesh_tradeoff(variant(no_micro_batch=True))
+    with pytest.raises(CheckFailed, match="return None"):
+        g.check_mesh_tradeoff(variant(bubble_when_invalid=True))
+    with pytest.raises(CheckFailed, match=r"bubble 0\.0078, expected 0\.007751937984496124"):  # digits enough to see it
+        g.check_mesh_tradeoff(variant(rounded=True))
     with pytest.raises(CheckFailed, match="library's own solution"):
         g.check_mesh_tradeoff(mesh_tradeoff)
 

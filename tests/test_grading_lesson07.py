@@ -39,12 +39,23 @@ def finishes_last(timeline):
     return int(np.argmax([max(e.end for e in timeline.of(r, "compute", "compute")) for r in range(timeline.size)]))
 
 
+def last_in_the_last_step(timeline):  # wrong: one step decides
+    return int(np.argmax([timeline.of(r, "compute", "compute")[-1].end for r in range(timeline.size)]))
+
+
 def test_find_straggler_check(capsys):
     for right in (last_per_step, median_step_time):
         g.check_find_straggler(right)
         assert "PASSED Exercise 7.1" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match="hiccup"):
         g.check_find_straggler(most_compute)
+    with pytest.raises(CheckFailed, match=r"ends last in 1 of 12 steps \(step 3\), one very slow step that also "
+                                          r"gives it the most compute in total"):
+        g.check_find_straggler(most_compute)
+    with pytest.raises(CheckFailed, match=r"rank 0\. Rank 0 ends last in 1 of 20 steps \(step 19\)"):
+        g.check_find_straggler(last_in_the_last_step)  # told what is true of step 19, not of totals it never took
+    with pytest.raises(CheckFailed, match="never ends last"):
+        g.check_find_straggler(lambda tl: (last_per_step(tl) + 1) % tl.size)
     with pytest.raises(CheckFailed, match="not rank"):
         g.check_find_straggler(least_idle)
     with pytest.raises(CheckFailed, match="waits more than most"):
@@ -182,7 +193,8 @@ def by_search(save_cost, mtbf):  # right, differently: maximise the first-order 
 @pytest.mark.parametrize("right", [young, daly, by_search])
 def test_interval_check_accepts_young_daly_and_a_search(right, capsys):
     g.check_optimal_interval(right)
-    assert "PASSED Exercise 7.3" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "PASSED Exercise 7.3" in out and "a 15-minute restart (section 7's)" in out  # the lesson's restart, said
 
 
 @pytest.mark.parametrize("wrong, match", [

@@ -60,3 +60,42 @@ def test_plan_explorer_runs_its_plan_on_the_emulator():
                                   micro_batches=16, top=1)
     text, fig = run_chosen(too_big)
     assert "too many to run from a widget" in text and fig is None
+
+
+def test_mesh_planner_says_it_fixes_the_micro_batches():
+    out = mesh_planner_model(gpus=64, gpus_per_node=8, n_params=70e9, layers=80, dp=2, tp=8, pp=4)
+    assert "m = 16 micro-batches (this planner fixes m at 4 x PP)" in out["text"]
+    assert out["bubble"] == pytest.approx(3 / 19)
+
+
+def test_plan_explorer_run_button_refuses_an_invalid_plan_and_keeps_the_last_result(monkeypatch):
+    """An invalid plan's run says why in the widget (no ConfigError from the callback) and
+    leaves the previous run's text and picture; a valid run says it is running while it runs."""
+    import emulator.widgets.mesh_planner as mp
+
+    w = PlanExplorer(model="llama3-8b", nodes=1, seq_len=1024, batch_tokens=2**14, dp=2, tp=2, pp=2,
+                     micro_batches=4)
+    seen = []
+    real = mp.run_chosen
+
+    def watched(state):
+        seen.append((w.status.value, w.run.disabled))
+        return real(state)
+
+    monkeypatch.setattr(mp, "run_chosen", watched)
+    w._run()
+    assert "running" in seen[0][0] and seen[0][1]  # said, and the button held, while it ran
+    assert "done in" in w.status.value and not w.run.disabled
+    ran, picture = w.ran.value, w.ran_image.value
+    assert ran.startswith("<p class='plan-run'>ran on the emulator") and picture[:4] == b"\x89PNG"
+    w.axes["tp"].value = 4  # 2 x 4 x 2 = 16 GPUs on one node of 8
+    w._run()
+    assert "cannot run this plan" in w.status.value and "but the cluster has 8" in w.status.value
+    assert w.ran.value == ran and w.ran_image.value == picture and not w.run.disabled
+
+
+def test_run_chosen_turns_a_refused_plan_into_its_reason():
+    bad = plan_explorer_model(model="llama3-8b", nodes=1, seq_len=1024, batch_tokens=2**14, dp=2, tp=4, pp=2,
+                              micro_batches=4, top=1)
+    text, fig = run_chosen(bad)
+    assert text.startswith("cannot run this plan") and "but the cluster has 8" in text and fig is None

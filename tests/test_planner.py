@@ -161,6 +161,39 @@ def test_problems_say_what_is_wrong():
         evaluate(m, c, D(dp=64), 0, 2**20)
 
 
+def test_every_structural_problem_is_listed_at_once():
+    """TP 16 on Llama 3 70B (8 K/V heads) on nodes of 8: the K/V heads and the node it
+    crosses; with a batch that is not whole sequences and too many layers' stages too, every
+    one of them, not the first class only."""
+    m, c = model_preset("llama3-70b"), cluster_preset("h100", nodes=4)
+    kv = evaluate(m, c, D(dp=2, tp=16), 4096, 2**20)
+    assert kv.step_time is None and not kv.valid
+    assert any("tp=16 must divide the 8 K/V heads" in p for p in kv.problems)
+    assert any("tp=16 crosses a node (8 GPUs per node)" in p for p in kv.problems)
+    many = evaluate(ModelSpec(4, 128, 4, 512, 1024, n_kv_heads=2), cluster_preset("h100", nodes=2),
+                    D(tp=4, pp=8, micro_batches=2), 256, 64 * 256 + 1)
+    found = " | ".join(many.problems)
+    for part in ("32 GPUs, but the cluster has 16", "not a whole number of 256-token sequences", "2 K/V heads",
+                 "pp x v = 8 stages need at least as many layers"):
+        assert part in found, part
+    assert "crosses a node" not in found  # tp 4 in a node of 8: nothing to say about placement
+    ok = evaluate(m, cluster_preset("h100", nodes=8), D(dp=4, tp=8, pp=2, zero_stage=1, sequence_parallel=True,
+                                                         micro_batches=64, recompute="selective"), 4096, 2**20)
+    assert ok.problems == []
+
+
+def test_parallel_dims_accepts_a_planners_model_spec():
+    """A ModelSpec leaves max_seq open (None): its problems are the sizes, not a TypeError."""
+    m = model_preset("llama3-70b")
+    assert m.max_seq is None
+    assert D(dp=2, tp=8).problems(m, 4096, 16) == []
+    assert D(dp=2, tp=8).validate(m, 131072) is not None
+    with pytest.raises(ConfigError, match="8 K/V heads"):
+        D(tp=16).validate(m, 4096, 16)
+    fixed = m.with_seq(2048)
+    assert any("longer than the model's max_seq (2048)" in p for p in D().problems(fixed, 4096))
+
+
 def test_model_presets_and_specs():
     assert model_preset("llama3-405b").params() == pytest.approx(405.9e9, rel=0.01)
     assert model_preset("gpt3-175b").params() == pytest.approx(175e9, rel=0.03)

@@ -69,6 +69,20 @@ def test_gantt_colours_compute_by_name():
     assert legend_labels(ax)[:2] == ["F", "B"]
 
 
+def test_gantt_colours_compute_by_pass_with_kind_of():
+    """Kernels named by module ("MLP in", "MLP in backward", "MLP weight gradients") get the
+    colour of their pass; without kind_of the first letter decides and all three are "M"."""
+    world = World(1)
+    world.run(lambda comm: [comm.compute(flops=1e9, name=n) for n in ("MLP in", "MLP in backward",
+                                                                       "MLP weight gradients")])
+    ax = viz.gantt(world, colors=viz.PASS_COLORS, kind_of=viz.training_pass).axes[0]
+    faces = [tuple(np.round(c.get_facecolor()[0][:3], 3)) for c in ax.collections if len(c.get_paths())]
+    assert faces == [tuple(np.round(matplotlib.colors.to_rgb(x), 3)) for x in viz.PASS_COLORS.values()]
+    assert legend_labels(ax)[:3] == ["forward", "backward", "weight gradients"]
+    plain = viz.gantt(world, colors=viz.PASS_COLORS).axes[0]  # "M" is no key: the default compute colour
+    assert len([c for c in plain.collections if len(c.get_paths())]) == 1
+
+
 def test_memory_over_time_marks_the_ledgers_peak():
     def prog(comm):
         comm.memory.hold("w", np.zeros(1000), "params")

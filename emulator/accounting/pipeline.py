@@ -4,7 +4,7 @@ With ``p`` stages, ``m`` micro-batches, a forward taking ``t_f`` and a backward 
 every stage, GPipe and 1F1B both need ``(m + p - 1)(t_f + t_b)`` for a step in which each
 stage computes for ``m (t_f + t_b)``: the first micro-batch reaches the last stage only
 after ``p - 1`` forwards, and the last gradient reaches the first stage ``p - 1``
-backwards after the last stage is done. Two ways to state it, both in the lecture notes:
+backwards after the last stage is done. Two ways to state it, both in common use:
 
 * over the **total** time of the step (the share of GPU-time idle):
   ``(p - 1) / (m + p - 1)``;

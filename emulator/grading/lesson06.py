@@ -3,8 +3,9 @@
 Mesh coordinates and groups are compared with :class:`emulator.mesh.Mesh` on many meshes
 and every rank; a plan's memory with the ledger of the emulator running it, stage by
 stage, and its bytes per axis with the run's trace; a chosen plan is run on the emulator
-(it must fit, and be within 15% of the best plan the planner finds); the seed's proofs and
-the napkins are called with other numbers too. While a check runs the student's code, the
+(it must fit, and be within 15% of the best plan the planner finds); the three-number
+trade-off of Exercise 6.4 on splits that break each of its rules, and the napkins, are
+called with other numbers too. While a check runs the student's code, the
 library's own answer (the mesh's arithmetic, the planner) refuses.
 """
 
@@ -189,30 +190,76 @@ def check_choose_plan(fn):
 
 
 # ----------------------------------------------------------------- Exercise 6.4
+TRADEOFF_CASES = [  # (n_params, gpus, tp, pp, gpus_per_node, global_batch, micro_batch)
+    (70e9, 64, 8, 2, 8, 512, 1), (70e9, 64, 16, 2, 8, 512, 1), (70e9, 64, 8, 4, 8, 512, 1),
+    (175e9, 1024, 8, 16, 8, 1536, 1), (7e9, 48, 2, 3, 8, 96, 1), (13e9, 24, 4, 3, 4, 60, 1),
+    (30e9, 128, 4, 8, 8, 100, 1), (30e9, 96, 8, 4, 8, 96, 1),
+    (13e9, 24, 4, 4, 4, 60, 1),  # tp x pp = 16 does not divide 24 GPUs (tp fits in a node)
+    (30e9, 96, 8, 5, 8, 96, 1),  # 40 does not divide 96
+    (30e9, 128, 4, 4, 8, 100, 1),  # dp 8 does not divide a batch of 100
+    (70e9, 64, 8, 2, 8, 512, 4),  # 4 sequences per micro-batch: m = 32, not 128
+    (7e9, 48, 2, 3, 8, 96, 3),  # dp 8 x 3 = 24 divides 96: m = 4
+    (70e9, 64, 8, 2, 8, 96, 32),  # dp 4 divides 96, dp x micro_batch = 128 does not
+    (1e9, 8, 2, 2, 8, 6, 2),  # dp 2 x 2 = 4 does not divide 6
+]
+
+
+def _breaks(n_params, gpus, tp, pp, gpus_per_node, global_batch, micro_batch):
+    """The rules a split breaks, in words (empty: valid)."""
+    out = []
+    if tp > gpus_per_node:
+        out.append(f"tp={tp} does not fit in a node of {gpus_per_node} GPUs")
+    if gpus % (tp * pp):
+        out.append(f"tp x pp = {tp * pp} does not divide the {gpus} GPUs")
+    else:
+        dp = gpus // (tp * pp)
+        if global_batch % (dp * micro_batch):
+            out.append(f"dp x micro_batch = {dp} x {micro_batch} = {dp * micro_batch} does not divide the batch of "
+                       f"{global_batch} sequences")
+    return out
+
+
 def check_mesh_tradeoff(fn):
     """Exercise 6.4: fn(n_params, gpus, tp, pp, gpus_per_node, global_batch, micro_batch=1)
     -> {"valid", "state_bytes", "bubble"}."""
     what = "Exercise 6.4"
-    cases = [(70e9, 64, 8, 2, 8, 512), (70e9, 64, 16, 2, 8, 512), (70e9, 64, 8, 4, 8, 512),
-             (175e9, 1024, 8, 16, 8, 1536), (7e9, 48, 2, 3, 8, 96), (13e9, 24, 4, 3, 4, 60), (30e9, 128, 4, 8, 8, 100),
-             (30e9, 96, 8, 4, 8, 96)]
-    for case in cases:
+    for case in TRADEOFF_CASES:
         want = tradeoff.mesh_tradeoff(*case)
+        args = case if case[-1] > 1 else case[:-1]  # micro_batch=1 by its default
         with refusing(what, tradeoff.mesh_tradeoff):
-            got = fn(*case)
+            got = fn(*args)
         expect(isinstance(got, dict) and {"valid", "state_bytes", "bubble"} <= set(got),
                f"{what}: return a dict with 'valid', 'state_bytes' and 'bubble'")
-        args = f"N={case[0]:g}, {case[1]} GPUs, tp={case[2]}, pp={case[3]}, {case[4]} per node, batch {case[5]}"
-        expect(bool(got["valid"]) == want["valid"], f"{what} ({args}): valid should be {want['valid']}: tp must fit "
-                                                    f"in a node, tp x pp divide the GPUs, dp x micro-batch the batch")
-        expect(abs(got["state_bytes"] - want["state_bytes"]) <= 1e-6 * want["state_bytes"],
-               f"{what} ({args}): state {got['state_bytes']:.4g} bytes per GPU, expected {want['state_bytes']:.4g} "
-               f"(16 bytes per parameter over every GPU: DP x TP x PP)")
+        n, gpus, tp, pp, gpn, batch, mb = case
+        desc = (f"N={n:g}, {gpus} GPUs, tp={tp}, pp={pp}, {gpn} per node, batch {batch}, micro_batch {mb}")
+        broken = _breaks(*case)
         if want["valid"]:
-            expect(got["bubble"] is not None and abs(got["bubble"] - want["bubble"]) < 1e-9,
-                   f"{what} ({args}): bubble {got['bubble']}, expected {want['bubble']:.4f}: (p-1)/(m+p-1) with m "
-                   f"micro-batches per replica")
-    passed(what, f"{len(cases)} meshes: validity, 16N/G per GPU whatever the split, and the bubble")
+            dp = gpus // (tp * pp)
+            expect(bool(got["valid"]), f"{what} ({desc}): valid should be True: tp fits in a node, tp x pp = "
+                                       f"{tp * pp} divides the GPUs (dp = {dp}) and dp x micro_batch = {dp * mb} "
+                                       f"divides the batch")
+        else:
+            expect(not bool(got["valid"]), f"{what} ({desc}): valid should be False: " + "; ".join(broken)
+                   + (" (micro_batch sequences per micro-batch: dp x micro_batch must divide the batch)"
+                      if mb > 1 and not any("tp" in b for b in broken) else ""))
+        expect(got["state_bytes"] is not None and abs(got["state_bytes"] - want["state_bytes"]) <=
+               1e-6 * want["state_bytes"],
+               f"{what} ({desc}): state {got['state_bytes']!r} bytes per GPU, expected {want['state_bytes']:.10g} "
+               f"(16 bytes per parameter over every GPU: DP x TP x PP)")
+        if not want["valid"]:
+            expect(got["bubble"] is None, f"{what} ({desc}): bubble {got['bubble']!r} for a split that is not "
+                                          f"valid: return None")
+            continue
+        dp = gpus // (tp * pp)
+        m = batch // (dp * mb)
+        hint = "(p-1)/(m+p-1) with m micro-batches per replica"
+        if mb > 1 and got["bubble"] is not None and abs(got["bubble"] - (pp - 1) / (batch / dp + pp - 1)) < 1e-12:
+            hint = (f"you took m = batch / dp = {batch // dp}; with {mb} sequences per micro-batch a replica runs m = "
+                    f"batch / (dp x micro_batch) = {m}")
+        expect(got["bubble"] is not None and abs(got["bubble"] - want["bubble"]) < 1e-9,
+               f"{what} ({desc}): bubble {got['bubble']!r}, expected {want['bubble']!r} (m = {m}): {hint}")
+    passed(what, f"{len(TRADEOFF_CASES)} meshes: validity (a node, GPUs and batch that divide, micro-batches of 1 to "
+                 f"32 sequences), 16N/G per GPU whatever the split, and the bubble")
 
 
 # ----------------------------------------------------------------- napkins

@@ -122,9 +122,10 @@ class ParallelDims:
 
     # ----------------------------------------------------------------- validation
     def problems(self, model, seq_len=None, batch=None):
-        """Every constraint this description breaks for ``model`` (an ``nn.GPT`` or anything
-        with its attributes), a sequence of ``seq_len`` positions and a global batch of
-        ``batch`` sequences (None: not checked). A list of sentences; empty if valid."""
+        """Every constraint this description breaks for ``model`` (an ``nn.GPT``, a planner's
+        ``ModelSpec``, or anything with their attributes; a ``max_seq`` of None is not
+        checked), a sequence of ``seq_len`` positions and a global batch of ``batch``
+        sequences (None: not checked). A list of sentences; empty if valid."""
         out = []
         t = self.tp
         n_heads, n_kv = model.n_heads, getattr(model, "n_kv_heads", model.n_heads)
@@ -171,8 +172,9 @@ class ParallelDims:
             elif self.sequence_parallel and (seq_len // self.cp) % t:
                 out.append(f"sequence parallelism splits each rank's {seq_len // self.cp} positions over tp={t}: "
                            f"they must divide")
-            if seq_len > model.max_seq:
-                out.append(f"the sequence ({seq_len}) is longer than the model's max_seq ({model.max_seq})")
+            max_seq = getattr(model, "max_seq", None)  # a planner's ModelSpec may leave it open (None)
+            if max_seq is not None and seq_len > max_seq:
+                out.append(f"the sequence ({seq_len}) is longer than the model's max_seq ({max_seq})")
         if batch is not None:
             per = self.dp * self.micro_batches
             if batch % per:

@@ -99,21 +99,40 @@ def _check_inputs(model, cluster, dims, seq_len, global_batch_tokens):
 
 
 def structural_problems(model, cluster, dims, seq_len, global_batch_tokens):
-    """What makes the plan impossible before any arithmetic: sizes that do not divide, a
-    GPU count that is not the cluster's, a batch too small for the replicas."""
+    """What makes the plan impossible before any arithmetic, every problem at once: a GPU
+    count that is not the cluster's, a batch that is not whole sequences or is too small for
+    the replicas, and every size that does not divide (:meth:`ParallelDims.problems`: the
+    heads, the K/V heads, d_ff, the vocabulary, the layers, the sequence, the batch)."""
     out = []
     if dims.world_size != cluster.gpus:
         out.append(f"dp x tp x pp x cp = {dims.world_size:,} GPUs, but the cluster has {cluster.gpus:,}")
+    batch = None
     if global_batch_tokens % seq_len:
         out.append(f"the global batch ({global_batch_tokens:,} tokens) is not a whole number of {seq_len}-token "
                    f"sequences")
-        return out
-    batch = global_batch_tokens // seq_len
-    per = dims.dp * dims.micro_batches
-    if batch < per:
-        out.append(f"dp x micro_batches = {per:,} micro-batches need at least {per:,} sequences; the global batch has "
-                   f"{batch:,}: lower dp or the micro-batches")
-    out += dims.problems(model.with_seq(seq_len), seq_len, batch if batch >= per else None)
+    else:
+        batch = global_batch_tokens // seq_len
+        per = dims.dp * dims.micro_batches
+        if batch < per:
+            out.append(f"dp x micro_batches = {per:,} micro-batches need at least {per:,} sequences; the global "
+                       f"batch has {batch:,}: lower dp or the micro-batches")
+            batch = None
+    out += dims.problems(model.with_seq(seq_len), seq_len, batch)
+    return out
+
+
+def placement_problems(cluster, dims):
+    """Where the plan's axes sit on the nodes, known without evaluating it: tensor
+    parallelism across a node (the plan is invalid, though it can be priced) and an expert
+    all-to-all across nodes (slow, but valid)."""
+    out = []
+    g = cluster.gpus_per_node
+    if dims.tp > g:
+        out.append(f"tp={dims.tp} crosses a node ({g} GPUs per node): its collectives run on the NICs; keep tp within "
+                   f"a node")
+    if dims.ep > 1 and dims.tp * dims.ep > g:
+        out.append(f"slow: the ep={dims.ep} all-to-all crosses nodes (tp x ep = {dims.tp * dims.ep} > {g} GPUs per "
+                   f"node)")
     return out
 
 
@@ -125,7 +144,8 @@ def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=2, 
     _check_inputs(model, cluster, dims, seq_len, global_batch_tokens)
     problems = structural_problems(model, cluster, dims, seq_len, global_batch_tokens)
     est = Estimate(model, cluster, dims, seq_len, global_batch_tokens, problems)
-    if problems:
+    if problems:  # not evaluated: every structural problem, and where its axes would sit
+        est.problems = problems + placement_problems(cluster, dims)
         return est
     model = model.with_seq(seq_len)
     batch = global_batch_tokens // seq_len
@@ -219,15 +239,9 @@ def _executed_flops(layers, dims):
 
 
 def _soft_problems(est, cluster, dims):
-    out = []
-    g = cluster.gpus_per_node
-    if dims.tp > g:
-        out.append(f"tp={dims.tp} crosses a node ({g} GPUs per node): its collectives run on the NICs; keep tp within "
-                   f"a node")
+    placed = placement_problems(cluster, dims)
+    out = [p for p in placed if not p.startswith("slow:")]
     if est.memory_peak > cluster.hbm_bytes:
         out.append(f"does not fit: pipeline stage {est.worst_stage} needs {est.memory_peak / 1e9:.1f} GB, HBM has "
                    f"{cluster.hbm_bytes / 1e9:.0f} GB ({(est.memory_peak - cluster.hbm_bytes) / 1e9:.1f} GB over)")
-    if dims.ep > 1 and dims.tp * dims.ep > g:
-        out.append(f"slow: the ep={dims.ep} all-to-all crosses nodes (tp x ep = {dims.tp * dims.ep} > {g} GPUs per "
-                   f"node)")
-    return out
+    return out + [p for p in placed if p.startswith("slow:")]

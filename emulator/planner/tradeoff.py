@@ -1,5 +1,5 @@
-"""The lecture's planner in three numbers: is a DP x TP x PP split valid, what training
-state does each GPU hold when everything is sharded, and what is the pipeline's bubble.
+"""A DP x TP x PP split in three numbers: is it valid, what training state does each GPU
+hold when everything is sharded, and what is the pipeline's bubble.
 
 ``mesh_tradeoff(n_params, gpus, tp, pp, gpus_per_node, global_batch, micro_batch=1)``:
 DP is what is left of the GPUs; the split is valid when TP fits in a node, TP x PP divides

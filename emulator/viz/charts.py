@@ -18,13 +18,17 @@ def _axes(ax, figsize):
     return ax.figure, ax
 
 
-def gantt(timeline, ax=None, title=None, unit="ms", label_events=True, figsize=None, colors=None, streams=None):
+def gantt(timeline, ax=None, title=None, unit="ms", label_events=True, figsize=None, colors=None, streams=None,
+          kind_of=None):
     """Draw a timeline (``world.timeline()`` or a world): for every rank a compute lane and,
     under it, one thinner lane per communication stream it used (``comm tp``, ``comm dp``,
     ``p2p 0->1``), each named on the left. Idle time on the compute lane is grey.
     ``colors``: {first letter of a compute event's name: colour}, e.g. a pipeline's F, B
     and W (:data:`emulator.viz.schedules.ACTION_COLORS`). ``streams``: the communication
-    streams to draw, by the start of their names (``("comm dp",)``; ``()`` for none)."""
+    streams to draw, by the start of their names (``("comm dp",)``; ``()`` for none).
+    ``kind_of``: a function from a compute event's name to its key in ``colors``, instead of
+    the first letter (:func:`training_pass` with :data:`PASS_COLORS`: forward, backward,
+    weight gradients, for a run of ``run_on_mesh`` whose kernels are named by module)."""
     if hasattr(timeline, "timeline"):
         timeline = timeline.timeline()
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
@@ -45,7 +49,7 @@ def gantt(timeline, ax=None, title=None, unit="ms", label_events=True, figsize=N
         h = 0.8 if compute else 0.55
         color = COLORS[e.kind] if compute else COLORS["comm"]
         if colors and compute and e.kind == "compute":
-            color = colors.get(e.name[:1], color)
+            color = colors.get(kind_of(e.name) if kind_of else e.name[:1], color)
         bars.setdefault((y, h, color), []).append((e.start * scale, e.duration * scale))
         wide = e.duration * scale > 0.04 * max(timeline.makespan * scale, 1e-30)
         if label_events and compute and e.kind == "compute" and wide:
@@ -73,6 +77,17 @@ def gantt(timeline, ax=None, title=None, unit="ms", label_events=True, figsize=N
         ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+PASS_COLORS = {"forward": "#4C72B0", "backward": "#55A868", "weight gradients": "#8172B2"}
+
+
+def training_pass(name):
+    """Which pass a module's kernel belongs to, from its name in the timeline ("MLP in",
+    "MLP in backward", "MLP weight gradients"): a key of :data:`PASS_COLORS`."""
+    if name.endswith("backward"):
+        return "backward"
+    return "weight gradients" if "gradients" in name else "forward"
 
 
 KIND_COLORS = {"params": "#4C72B0", "grads": "#55A868", "optimizer": "#C44E52", "activations": "#8172B2",

@@ -1,20 +1,25 @@
 """The mesh planner, twice.
 
-:class:`MeshPlanner` is the lecture's planner: total GPUs, GPUs per node, a model of N
-parameters and L layers, a DP x TP x PP split. It checks the product, shows the training
-state per GPU under full sharding (16 N / (DP TP PP) bytes) against HBM, the pipeline
-bubble at a sensible number of micro-batches (4 per stage), and where each axis's traffic
-goes; the plan turns red when TP passes the GPUs of a node.
+:class:`MeshPlanner` is the planner in three numbers: total GPUs, GPUs per node, a model
+of N parameters and L layers, a DP x TP x PP split. It checks the product, shows the
+training state per GPU under full sharding (16 N / (DP TP PP) bytes) against HBM, the
+pipeline bubble with the micro-batches fixed at 4 per stage (m = 4 PP; it has no control for
+them, and says so), and where each axis's traffic goes; the plan turns red when TP passes the
+GPUs of a node.
 
 :class:`PlanExplorer` is the full planner (:mod:`emulator.planner`): a preset model on a
 cluster, every axis, the ZeRO stage, the schedule and recomputation; the estimate (memory
 by kind against HBM, each axis's communication, the step); the ranked plans of a search;
-and a button that runs the chosen plan on the emulator and draws predicted beside measured.
+and a button that runs the chosen plan on the emulator and draws predicted beside measured
+(saying that it runs, and why a plan cannot, without losing the last run's result).
 """
+
+import time
 
 import ipywidgets as W
 from matplotlib.figure import Figure
 
+from ..errors import ConfigError
 from ..parallel.dims import RECOMPUTE, SCHEDULES, ParallelDims
 from ..planner import cluster_preset, evaluate, model_preset, run_plan, search
 from ..planner.memory import KINDS
@@ -24,8 +29,8 @@ RUN_LIMIT = 64  # GPUs: larger plans are run from benchmarks/, not from a widget
 
 
 def mesh_planner_model(gpus=64, gpus_per_node=8, n_params=70e9, layers=80, dp=4, tp=8, pp=2, hbm_gb=80):
-    """The seed's planner. Returns the state per GPU (bytes), the bubble, whether the plan
-    is valid (``ok``) and why not, the text and the figure."""
+    """The planner in three numbers. Returns the state per GPU (bytes), the bubble at m = 4 PP
+    micro-batches, whether the plan is valid (``ok``) and why not, the text and the figure."""
     problems = []
     if dp * tp * pp != gpus:
         problems.append(f"DP x TP x PP = {dp} x {tp} x {pp} = {dp * tp * pp}, not the {gpus} GPUs")
@@ -49,12 +54,13 @@ def mesh_planner_model(gpus=64, gpus_per_node=8, n_params=70e9, layers=80, dp=4,
     fig, ax = new_axes(6.4, 2.2)
     ax.barh(["state per GPU", "HBM"], [state / 1e9, hbm_gb], color=["#c0392b" if not fits else "#2e86c1", "#aaa"])
     ax.set_xlabel("GB")
-    ax.set_title(f"DP {dp} x TP {tp} x PP {pp}: bubble {bubble:.1%} at {m} micro-batches"
+    ax.set_title(f"DP {dp} x TP {tp} x PP {pp}: bubble {bubble:.1%} at m = 4 x PP = {m} micro-batches"
                  + ("  (invalid)" if problems else ""), color="#c0392b" if problems else "black", fontsize=9)
     fig.tight_layout()
     ok = not problems
     text = (f"{'OK' if ok else 'INVALID'}: state per GPU {state / 1e9:.2f} GB (16 N / {dp * tp * pp}); bubble "
-            f"{bubble:.1%} at m = {m}; {regime}." + "".join(f" {p}." for p in problems))
+            f"{bubble:.1%} at m = {m} micro-batches (this planner fixes m at 4 x PP); {regime}."
+            + "".join(f" {p}." for p in problems))
     return {"state": state, "bubble": bubble, "ok": ok, "red": red, "fits": fits, "problems": problems,
             "text": text, "figure": fig}
 
@@ -122,13 +128,20 @@ def plan_explorer_model(model="llama3-70b", cluster="h100", nodes=8, seq_len=409
 
 
 def run_chosen(state):
-    """Run the state's plan on the emulator (shape-only, dp and tp folded): (text, figure)."""
+    """Run the state's plan on the emulator (shape-only, dp and tp folded): (text, figure).
+    A plan that cannot run (its problems, or too many GPUs for a widget) gives its reason and
+    no figure."""
     dims, c = state["dims"], state["cluster"]
+    if state["estimate"].step_time is None:
+        return "cannot run this plan: " + "; ".join(state["estimate"].problems), None
     if dims.world_size > RUN_LIMIT:
         return (f"{dims.world_size} GPUs is too many to run from a widget (limit {RUN_LIMIT}); "
                 f"benchmarks/planner.py --emulator runs a full-size mesh", None)
     spec = state["model"].replace(positions="learned", max_seq=state["seq_len"])
-    pr = run_plan(spec, c, dims, state["seq_len"], state["batch_tokens"], fold=("dp", "tp"))
+    try:
+        pr = run_plan(spec, c, dims, state["seq_len"], state["batch_tokens"], fold=("dp", "tp"))
+    except ConfigError as exc:
+        return f"cannot run this plan: {exc}", None
     rows = pr.table()
     fig, ax = new_axes(6.4, 0.3 * len(rows) + 1.0)
     names = [r["quantity"] for r in rows]
@@ -160,11 +173,12 @@ class PlanExplorer(W.VBox):
         self.run = W.Button(description="run it on the emulator")
         self.summary, self.image = W.HTML(), W.Image(format="png")
         self.ran, self.ran_image = W.HTML(), W.Image(format="png")
+        self.status = W.HTML()  # what the run button is doing, or why it cannot: the last result stays below
         self.seq_len, self.batch_tokens = seq_len, batch_tokens
         controls = [self.model, self.nodes, *self.axes.values(), self.zero, self.schedule, self.recompute,
                     self.micro, self.v]
         super().__init__([W.HBox(controls[:2]), W.HBox(controls[2:7]), W.HBox(controls[7:]), self.summary,
-                          self.image, self.run, self.ran, self.ran_image])
+                          self.image, W.HBox([self.run, self.status]), self.ran, self.ran_image])
         for c in controls:
             c.observe(self._redraw, names="value")
         self.run.on_click(self._run)
@@ -178,8 +192,20 @@ class PlanExplorer(W.VBox):
 
     def _run(self, button=None):
         if self.state is None:
+            self.status.value = "<p class='plan-status'>cannot run: the controls above do not make a plan</p>"
             return
-        text, fig = run_chosen(self.state)
+        dims = self.state["dims"]
+        self.run.disabled = True
+        self.status.value = (f"<p class='plan-status'>running {dims} on {dims.world_size} emulated GPUs "
+                             f"(shape-only; this takes a few seconds to half a minute)...</p>")
+        start = time.perf_counter()
+        try:
+            text, fig = run_chosen(self.state)
+        finally:
+            self.run.disabled = False
+        if fig is None:  # refused: say why, keep the last run's result
+            self.status.value = f"<p class='plan-status'>{text}</p>"
+            return
+        self.status.value = f"<p class='plan-status'>done in {time.perf_counter() - start:.1f} s</p>"
         self.ran.value = f"<p class='plan-run'>{text}</p>"
-        if fig is not None:
-            show_figure(self.ran_image, fig)
+        show_figure(self.ran_image, fig)
