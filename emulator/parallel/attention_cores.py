@@ -141,6 +141,10 @@ class UlyssesCore:
     def __init__(self, cp, causal=True, layout="zigzag"):
         self.cp, self.causal, self.layout = cp, causal, layout
 
+    def _payload(self, t):
+        """The dtype its messages travel in: the precision policy's ``cp`` (else as they are)."""
+        return np_dtype(self.cp.work_context(t.dtype).dtype("cp")) if self.cp.precision else t.dtype
+
     def _to_heads(self, t):
         """(b, h, n, dh), my positions, every head -> (b, h/c, s, dh), every position (in
         rank order of the shards), my heads."""
@@ -148,15 +152,15 @@ class UlyssesCore:
         if t.shape[1] % c:
             raise ConfigError(f"rank {self.cp.global_rank}: Ulysses gives each of the {c} context-parallel ranks "
                               f"whole heads; {t.shape[1]} heads do not split")
-        g = t.shape[1] // c
-        return np.concatenate(self.cp.all_to_all([contiguous(t[:, j * g:(j + 1) * g]) for j in range(c)]),
-                              axis=2)
+        g, send = t.shape[1] // c, self._payload(t)
+        return np.concatenate(self.cp.all_to_all([contiguous(t[:, j * g:(j + 1) * g].astype(send, copy=False))
+                                                  for j in range(c)]), axis=2).astype(t.dtype, copy=False)
 
     def _to_positions(self, t, n):
         """The inverse: (b, h/c, s, dh) -> (b, h, n, dh)."""
-        c = self.cp.size
-        return np.concatenate(self.cp.all_to_all([contiguous(t[:, :, j * n:(j + 1) * n])
-                                                  for j in range(c)]), axis=1)
+        c, send = self.cp.size, self._payload(t)
+        return np.concatenate(self.cp.all_to_all([contiguous(t[:, :, j * n:(j + 1) * n].astype(send, copy=False))
+                                                  for j in range(c)]), axis=1).astype(t.dtype, copy=False)
 
     def _allowed(self, n):
         c = self.cp.size

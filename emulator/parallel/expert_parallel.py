@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..machine import elementwise
-from ..machine.work import AllToAll, Collective, Gemm, Memory, Work, dtype_bytes
+from ..machine.work import AllToAll, Collective, Gemm, Memory, Work, dtype_bytes, np_dtype
 from ..nn.moe import (capacity, expert_keys, experts_backward_input, experts_backward_weight, experts_forward,
                       route, route_backward)
 from .layer_shape import LayerShape
@@ -120,6 +120,10 @@ class ParallelMoE:
         self.ep.replace_declared(what, expert_kernels(shape, self._context(), shape.counts, backward))
         self.ep.charge(what, optional=True)
 
+    def _payload(self, x):
+        """The dtype routed rows travel in: the precision policy's ``ep`` (else as they are)."""
+        return np_dtype(self._context().dtype("ep")) if self.ep.precision else x.dtype
+
     def _context(self):
         return self.ep.work_context(self.dtype if self.dtype is not None else np.float32)
 
@@ -163,7 +167,9 @@ class ParallelMoE:
         counts = np.bincount(e_ids[order], minlength=moe.n_experts)
         recv_counts = self.ep.all_to_all_single(counts).reshape(c, self.n_local)  # [source rank, my expert]
         send_splits, recv_splits = counts.reshape(c, self.n_local).sum(1), recv_counts.sum(1)
-        rows = self.ep.all_to_all_single(x2[tokens[order]], recv_splits.tolist(), send_splits.tolist())
+        send = self._payload(x2)
+        rows = self.ep.all_to_all_single(x2[tokens[order]].astype(send, copy=False), recv_splits.tolist(),
+                                         send_splits.tolist()).astype(x2.dtype, copy=False)
         # the rows arrive by source rank, each source's by expert: regroup by expert
         start = np.concatenate([[0], np.cumsum(recv_counts.ravel())])[:-1].reshape(c, self.n_local)
         regroup = np.concatenate([np.arange(start[i, j], start[i, j] + recv_counts[i, j])
@@ -173,7 +179,8 @@ class ParallelMoE:
         self._charge(expert_counts)
         out_rows = np.empty_like(rows)
         out_rows[regroup] = ys
-        back = self.ep.all_to_all_single(out_rows, send_splits.tolist(), recv_splits.tolist())
+        back = self.ep.all_to_all_single(out_rows.astype(send, copy=False), send_splits.tolist(),
+                                         recv_splits.tolist()).astype(x2.dtype, copy=False)
         y = np.zeros_like(x2)
         np.add.at(y, tokens[order], weights.ravel()[order, None] * back)
         self.ep.charge("moe: weighted sum")
@@ -203,7 +210,9 @@ class ParallelMoE:
         dweights[order] = (dy2[tokens[order]] * back).sum(-1)
         if self.tp.size > 1:  # each tp rank's outputs are partial sums: so are these
             dweights = self.tp.all_reduce(dweights)
-        d_rows = self.ep.all_to_all_single(w_flat[order, None] * dy2[tokens[order]], recv_splits, send_splits)
+        send = self._payload(dy2)
+        d_rows = self.ep.all_to_all_single((w_flat[order, None] * dy2[tokens[order]]).astype(send, copy=False),
+                                           recv_splits, send_splits).astype(dy2.dtype, copy=False)
         d_experts = d_rows[regroup]
         experts = self._experts(P)
         dxs = experts_backward_input(experts, cache["experts"], d_experts)
@@ -211,7 +220,8 @@ class ParallelMoE:
         self._charge(cache["counts"], backward=True)
         dx_rows = np.empty_like(dy2, shape=(cache["rows"], moe.d_model))
         dx_rows[regroup] = dxs
-        dx_back = self.ep.all_to_all_single(dx_rows, send_splits, recv_splits)
+        dx_back = self.ep.all_to_all_single(dx_rows.astype(send, copy=False), send_splits,
+                                            recv_splits).astype(dy2.dtype, copy=False)
         extra = moe.aux_loss_coef * cache.get("aux_scale", 1.0) * cache["aux_dp"] if moe.aux_loss_coef else None
         dx, dlogits = route_backward(P["router.w"], cache["route"], dweights.reshape(-1, moe.top_k), extra)
         if self.tp.rank:

@@ -144,7 +144,10 @@ class RankModel:
         self.d_model, self.dtype, self.vocab = gpt.d_model, gpt.dtype, gpt.vocab
         tp, cp, ep = comms["tp"], comms["cp"], comms["ep"]
         self.tp, self.cp, self.ep = tp, cp, ep
-        regions = TPRegions(tp, dims.sequence_parallel, np_dtype(tp.work_context(gpt.dtype).dtype("tp")))
+        ctx = tp.work_context(gpt.dtype)
+        self.act = np_dtype(ctx.dtype("activations"))  # what the layers keep (the policy's, or the model's)
+        self.handed = np_dtype(ctx.dtype("pp"))  # what one layer hands the next, and a stage the next
+        regions = TPRegions(tp, dims.sequence_parallel, np_dtype(ctx.dtype("tp")))
         self.regions = regions
         self.layers = [("embed", ParallelEmbedding(regions, gpt.vocab, gpt.d_model, cp.rank, cp.size,
                                                    dims.cp_layout, gpt.dtype))]
@@ -167,14 +170,14 @@ class RankModel:
 
             mlp = ParallelMoE(moe, ep, regions, group, dtype=gpt.dtype)
         return TensorParallelBlock(tp, gpt.d_model, gpt.n_heads, gpt.d_ff, causal=True,
-                                   sequence_parallel=dims.sequence_parallel, act_dtype=gpt.dtype,
+                                   sequence_parallel=dims.sequence_parallel, act_dtype=self.act,
                                    recompute="selective" if dims.recompute == "selective" else "none",
                                    n_kv_heads=gpt.n_kv_heads, mlp=mlp, core=core, reduce_partial_grads=False)
 
     # ----------------------------------------------------------------- the pipeline's view
     def boundary(self, ids_shape):
         b, n = ids_shape
-        return (b, n // self.tp.size if self.dims.sequence_parallel else n, self.d_model), np.dtype(self.dtype)
+        return (b, n // self.tp.size if self.dims.sequence_parallel else n, self.d_model), self.handed
 
     def loss_work(self, logits_shape):
         b, n = logits_shape[0], logits_shape[1]

@@ -7,8 +7,10 @@ gradients reduce over the data- and context-parallel ranks together) and ``edp``
 ranks holding the same experts).
 """
 
+from ..machine.work import AllToAll, Collective, RingAttention
 from ..parallel.pipeline.actions import place_of, stage_of
 from ..records.table import Table
+from .memory import byte_sizes
 from .overlap import replay
 
 AXIS_OF = {"dense": "dp,cp", "experts": "edp"}
@@ -21,8 +23,9 @@ def link_of(ranks, gpus_per_node):
     return "nic" if len(nodes) == len(ranks) else "nvlink+nic"
 
 
-def _strategy_calls(layer, dims, m, param_bytes, groups):
+def _strategy_calls(layer, dims, m, ctx, groups):
     """(axis, op, bytes, calls per step) of the data-parallel strategy for one layer."""
+    sizes = byte_sizes(ctx)
     out = []
     for group, elems in layer.params.items():
         if not elems:
@@ -31,18 +34,19 @@ def _strategy_calls(layer, dims, m, param_bytes, groups):
         n = len(groups[axis])
         if n == 1:
             continue
-        full = -(-elems // n) * n * param_bytes
+        full = -(-elems // n) * n
+        rs, ag = full * sizes["reduce"], full * sizes["gather"]
         z = dims.zero_stage
         if z == 0:
-            out.append((axis, "all_reduce", elems * param_bytes, 1))
+            out.append((axis, "all_reduce", elems * sizes["reduce"], 1))
         if z == 1:
-            out += [(axis, "reduce_scatter", full, 1), (axis, "all_gather", full, 1)]
+            out += [(axis, "reduce_scatter", rs, 1), (axis, "all_gather", ag, 1)]
         if z == 2:
-            out += [(axis, "reduce_scatter", full, m), (axis, "all_gather", full, 1)]
+            out += [(axis, "reduce_scatter", rs, m), (axis, "all_gather", ag, 1)]
         if z == 3:
-            out += [(axis, "all_gather", full, 2 * m), (axis, "reduce_scatter", full, m)]
+            out += [(axis, "all_gather", ag, 2 * m), (axis, "reduce_scatter", rs, m)]
     if layer.partial and dims.tp > 1:
-        out.append(("tp", "all_reduce", layer.partial * param_bytes, m))
+        out.append(("tp", "all_reduce", layer.partial * sizes["grads"], m))
     return out
 
 
@@ -53,18 +57,19 @@ def _layer_calls(layer, dims, m):
     out = []
     for ops in passes:
         for op in ops:
-            if op[0] == "c":
-                out.append((op[3], op[1], op[2], m, op))
-            elif op[0] == "a2a":
-                out.append((op[2], "all_to_all", op[1], m, op))
-            elif op[0] == "ring":
-                steps = len(op[2])
-                sends = steps - 1 if op[1] else 2 * steps - 1
-                out.append((op[3], "send/recv (ring)", op[2][0][1], m * sends, op))
+            group = "cp" if getattr(op, "group", None) == "group" else getattr(op, "group", None)
+            if isinstance(op, Collective):
+                out.append((group, op.op, op.nbytes, m, op))
+            elif isinstance(op, AllToAll):
+                out.append((group, "all_to_all", op.bytes_per_peer, m, op))
+            elif isinstance(op, RingAttention):
+                steps = len(op.steps)
+                sends = steps - 1 if op.forward else 2 * steps - 1
+                out.append((group, "send/recv (ring)", op.steps[0][1], m * sends, op))
     return out
 
 
-def dp_tail(est, layers, per_layer, timer, timing, r, param_bytes, boundary):
+def dp_tail(est, layers, per_layer, timer, timing, r, ctx, boundary):
     """Seconds rank r spends after its pipeline ends on data-parallel work: DDP's
     all-reduces that outlast backward (and what they delay, :mod:`.overlap`), ZeRO-1's
     reduce-scatters and ZeRO-1/2's all-gathers of the updated parameters."""
@@ -76,9 +81,10 @@ def dp_tail(est, layers, per_layer, timer, timing, r, param_bytes, boundary):
         if all(len(groups[a]) == 1 for a in ("dp,cp", "edp")):
             return 0.0
         actions = [a for a, _, _ in timing[r]]
-        return replay(timer, r, actions, timing, layers, dims, param_bytes,
+        return replay(timer, r, actions, timing, layers, dims, ctx,
                       lambda rank, a: _hop(timer, dims, boundary, rank, a)) - end
     total = 0.0
+    sizes = byte_sizes(ctx)
     for c in range(v):
         for x in layers[c][r]:
             for group, elems in x.params.items():
@@ -86,20 +92,20 @@ def dp_tail(est, layers, per_layer, timer, timing, r, param_bytes, boundary):
                 n = len(groups[axis])
                 if not elems or n == 1:
                     continue
-                full = -(-elems // n) * n * param_bytes
+                full = -(-elems // n) * n
                 if z == 1:
-                    total += timer.op(("c", "reduce_scatter", full, axis), r)
+                    total += timer.op(("c", "reduce_scatter", full * sizes["reduce"], axis), r)
                 if z in (1, 2):
-                    total += timer.op(("c", "all_gather", full, axis), r)
+                    total += timer.op(("c", "all_gather", full * sizes["gather"], axis), r)
     return total
 
 
-def comm_table(est, layers, per_layer, timer, timing, boundary, param_bytes, m_played):
+def comm_table(est, layers, per_layer, timer, timing, boundary, ctx, m_played):
     """(each pipeline rank's data-parallel tail in seconds, the communication table of the
     rank that finishes last). ``timing`` plays ``m_played`` micro-batches (sends are counted
     there and scaled to the plan's)."""
     dims, p, m = est.dims, est.dims.pp, est.dims.micro_batches
-    tails = [dp_tail(est, layers, per_layer, timer, timing, r, param_bytes, boundary) for r in range(p)]
+    tails = [dp_tail(est, layers, per_layer, timer, timing, r, ctx, boundary) for r in range(p)]
     pipe_end = [max(e for _, _, e in timing[r]) for r in range(p)]
     r = max(range(p), key=lambda k: pipe_end[k] + tails[k])
     groups, g = timer.groups(r), timer.g
@@ -120,7 +126,7 @@ def comm_table(est, layers, per_layer, timer, timing, boundary, param_bytes, m_p
                 if len(groups[axis]) > 1:
                     t = timer.op(raw, r) * m
                     add(axis, op, nbytes, count, t, t)
-            for axis, op, nbytes, count in _strategy_calls(x, dims, m, param_bytes, groups):
+            for axis, op, nbytes, count in _strategy_calls(x, dims, m, ctx, groups):
                 t = timer.op(("c", op, nbytes, axis), r) * count
                 add(axis, op, nbytes, count, t, 0.0 if (axis != "tp" and dims.zero_stage == 0) else t)
     if p > 1:

@@ -12,7 +12,9 @@ from ..errors import ConfigError
 from ..parallel.dims import ParallelDims
 from ..parallel.pipeline import schedule
 from ..accounting.pipeline import pipeline_bubble
+from ..machine.work import dtype_bytes
 from .comm import comm_table
+from .precision_of import plan_context
 from .layers import rank_layers, split_names
 from .memory import KINDS, stage_peaks
 from .timing import Timer, action_durations, layer_times, simulate
@@ -30,6 +32,7 @@ class Estimate:
     seq_len: int
     global_batch_tokens: int
     problems: list
+    context: object = field(default=None, repr=False)  # the stack and precision policy it assumes
     micro_batch: int = None  # sequences per micro-batch
     memory_bytes: dict = None  # worst rank, by kind, at its peak
     memory_peak: float = None
@@ -136,14 +139,19 @@ def placement_problems(cluster, dims):
     return out
 
 
-def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=2, mixed=True):
+def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=None, mixed=None, stack=None,
+             precision=None):
     """The :class:`Estimate` of training ``model`` on ``cluster`` with ``dims``, sequences
-    of ``seq_len`` tokens and ``global_batch_tokens`` per step. ``param_bytes=2,
-    mixed=True``: bf16 parameters with mixed-precision Adam (16 bytes per parameter);
-    ``param_bytes=4, mixed=False``: fp32 throughout (Adam's moments in fp32)."""
+    of ``seq_len`` tokens and ``global_batch_tokens`` per step, as the software ``stack``
+    runs it (a name or a :class:`~emulator.machine.stack.Stack`; None: ``"megatron-core"``)
+    in its precision policy, or ``precision`` (a policy or its name). The old shorthands
+    still work: ``param_bytes=2, mixed=True``: bf16 weights and gradients with mixed-
+    precision Adam (16 bytes per parameter, the ZeRO paper's); ``param_bytes=4,
+    mixed=False``: fp32 throughout."""
     _check_inputs(model, cluster, dims, seq_len, global_batch_tokens)
+    ctx = plan_context(stack, precision, param_bytes, mixed)
     problems = structural_problems(model, cluster, dims, seq_len, global_batch_tokens)
-    est = Estimate(model, cluster, dims, seq_len, global_batch_tokens, problems)
+    est = Estimate(model, cluster, dims, seq_len, global_batch_tokens, problems, context=ctx)
     if problems:  # not evaluated: every structural problem, and where its axes would sit
         est.problems = problems + placement_problems(cluster, dims)
         return est
@@ -153,10 +161,10 @@ def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=2, 
     est.micro_batch = b
     p, v, m = dims.pp, dims.v, dims.micro_batches
     names = split_names(model.n_layers, p * v)
-    timer = Timer(cluster, dims)
-    layers = [[rank_layers(model, dims, b, seq_len, param_bytes, names[_stage(p, r, c)]) for r in range(p)]
+    timer = Timer(cluster, dims, ctx.stack)
+    layers = [[rank_layers(model, dims, b, seq_len, ctx, names[_stage(p, r, c)]) for r in range(p)]
               for c in range(v)]
-    est.stage_memory = stage_peaks(layers, dims, param_bytes, mixed)
+    est.stage_memory = stage_peaks(layers, dims, ctx)
     worst = max(range(p), key=lambda r: est.stage_memory[r][0])
     est.worst_stage, (est.memory_peak, est.memory_bytes) = worst, est.stage_memory[worst]
 
@@ -165,20 +173,22 @@ def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=2, 
     def times(x, r):  # the blocks of a stage share their ops, and alike stages their times
         key = (id(x.ops), x.partial, tuple(x.params.items()), timer.stage_key(r))
         if key not in memo:
-            memo[key] = layer_times(timer, x, r, dims, param_bytes)
+            memo[key] = layer_times(timer, x, r, dims, ctx)
         return memo[key]
 
     per_layer = [[[times(x, r) for x in layers[c][r]] for c in range(v)] for r in range(p)]
-    boundary = b * (seq_len // dims.cp // (dims.tp if dims.sequence_parallel else 1)) * model.d_model * param_bytes
+    boundary = b * (seq_len // dims.cp // (dims.tp if dims.sequence_parallel else 1)) * model.d_model * \
+        dtype_bytes(ctx.dtype("pp"))
 
     def play(m_sim):
         """The pipeline of ``m_sim`` micro-batches: (timing, each rank's end, busy seconds, tails, table)."""
         actions = _schedule(dims.schedule, p, m_sim, v)
         durations = [action_durations(actions[r], per_layer[r], dims) for r in range(p)]
-        timing = simulate(actions, durations, lambda src, dst: timer.p2p(boundary, src, dst))
+        host = [action_durations(actions[r], per_layer[r], dims, host=True) for r in range(p)]
+        timing = simulate(actions, durations, lambda src, dst: timer.p2p(boundary, src, dst), host)
         ends = [max(e for _, _, e in timing[r]) for r in range(p)]
-        busy = sum(sum(d) for d in durations)
-        tails, table = comm_table(est, layers, per_layer, timer, timing, boundary, param_bytes, m_sim)
+        busy = sum(e - s0 for r in range(p) for _, s0, e in timing[r])
+        tails, table = comm_table(est, layers, per_layer, timer, timing, boundary, ctx, m_sim)
         return timing, ends, busy, tails, table
 
     cap = steady_cap(p, v)

@@ -1,33 +1,35 @@
-"""One rank's layers as the planner sees them: what each holds and what each does.
+"""One rank's layers as the planner sees them: what each holds, and the work each does.
 
-For a plan (a :class:`~emulator.parallel.ParallelDims`) and a micro-batch of ``b``
-sequences, :func:`rank_layers` describes every layer one rank of a pipeline stage runs, in
-the terms the emulator's modules use (:mod:`emulator.parallel.mesh_model`,
-:mod:`emulator.parallel.tp_block`, :mod:`emulator.parallel.expert_parallel`):
+For a plan (a :class:`~emulator.parallel.ParallelDims`), a micro-batch of ``b`` sequences
+and a :class:`~emulator.machine.stack.Context` (stack and precision), :func:`rank_layers`
+describes every layer one rank of a pipeline stage runs:
 
+* ``ops``: per pass (``F``, ``B`` the input gradient, ``W`` the weight gradients, ``F0``
+  the forward run again under full recomputation) the items of the modules' own
+  declarations (:func:`emulator.parallel.tp_block.block_work`,
+  :func:`~emulator.parallel.mesh_model.embedding_work`, ``head_work``, ``loss_work``): the
+  same kernels and collectives the emulator charges as the modules run. Nothing here
+  restates a module's work;
 * ``params``: this rank's parameter elements, by the group their gradients reduce over
   (``dense``: ``dp x cp``; ``experts``: ``edp``), after tensor and expert parallelism;
   ``partial``: elements whose gradients are partial sums over ``tp`` (sequence parallelism);
 * ``kept``: bytes its forward keeps for backward per micro-batch (``input``: its input
   only, what full recomputation keeps), ``grad_out``: the output gradient a split
-  backward keeps from ``B`` to ``W``;
-* ``ops``: per pass (``F``, ``B`` the input gradient, ``W`` the weight gradients) the
-  kernels and the blocking collectives, in the order the modules issue them.
+  backward keeps from ``B`` to ``W``; ``transient``: buffers held only while its forward,
+  its backward, runs (ring attention's K/V).
 
-An op is ``("k", Kernel)`` (timed by the device), ``("flops", n)`` (at the device's peak,
-as ``comm.compute(flops=...)``), ``("c", op, nbytes, group)`` (a collective the rank waits
-for; ``nbytes`` as nccl-tests counts them), ``("a2a", bytes per peer, group)``, or
-``("ring", forward?, [(kernels, kv bytes) per step], group)`` (ring attention over ``cp``).
-
-The emulator runs in fp32 what a bf16 model computes (parameters upcast; activations kept
-and handed between layers in bf16), so collectives of computed values are 4 bytes per
-element and those of kept or received ones 2: the sizes below follow that.
+The emulator computes in fp32 (or the arrays' dtype) what a bf16 model computes and keeps
+activations in the model's dtype: the kept bytes below follow what its modules cache.
 """
 
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ..machine.kernels import attention, gemm, memory_bound
+from ..machine.work import RingAttention, dtype_bytes, flops_of
+from ..parallel.attention_cores import causal_share
+from ..parallel.layer_shape import of_plan
+from ..parallel.mesh_model import embedding_work, head_work, loss_work
+from ..parallel.tp_block import declared_block
 
 INT = 8  # int64 token ids and indices
 
@@ -40,193 +42,115 @@ class Layer:
     kept: float
     input: float
     grad_out: float
-    ops: dict = field(default_factory=dict)  # "F", "B", "W" -> [op]
+    ops: dict = field(default_factory=dict)  # "F", "B", "W", "F0" -> items of the modules' declarations
     transient: tuple = (0, 0)  # buffers held only while its forward, its backward, runs (ring attention's K/V)
     times: dict = field(default_factory=dict, repr=False)  # seconds of its passes, by the groups that time them
 
 
-@dataclass(frozen=True)
-class Shape:
-    """A micro-batch on one rank: ``b`` sequences, ``n`` positions (this cp rank's), ``n_sp``
-    of them held between layers (``n / tp`` under sequence parallelism); element bytes of
-    parameters, kept activations and computed values."""
-
-    b: int
-    n: int
-    n_sp: int
-    tp: int
-    cp: int
-    ep: int
-    sp: bool
-    param: int
-    act: int
-    comp: int
+def _ops(work, extra_f=(), extra_b=()):
+    return {"F": work.forward + extra_f, "B": extra_b + work.backward_input, "W": work.backward_weight,
+            "F0": work.recompute}
 
 
-def shape_of(dims, b, seq_len, param_bytes):
-    n = seq_len // dims.cp
-    sp = dims.sequence_parallel and dims.tp > 1
-    comp = max(4, param_bytes)
-    return Shape(b, n, n // dims.tp if dims.sequence_parallel else n, dims.tp, dims.cp, dims.ep,
-                 dims.sequence_parallel, param_bytes, param_bytes, comp)
+def _embedding(m, s, ctx, a, comp):
+    d, rows, rows_sp = m.d_model, s.rows, s.rows_sp
+    learned = m.positions == "learned"
+    params = m.vocab // s.tp * d + (m.max_seq * d if learned else 0)
+    partial = m.max_seq * d if (learned and s.sequence_parallel) else 0
+    kept = rows * INT + rows + rows_sp * INT  # ids, which ids are mine, positions
+    return Layer("embed", {"dense": params}, partial, kept, rows * INT, rows_sp * d * a,
+                 _ops(embedding_work(s, ctx, learned)))
 
 
-# ----------------------------------------------------------------- tensor-parallel regions
-def _gather(s, nbytes_each):
-    """Before a column-parallel layer: an all-gather along the sequence under SP."""
-    return [("c", "all_gather", s.b * s.n * nbytes_each, "tp")] if s.sp else []
+def _head(m, s, ctx, a, comp):
+    d, v = m.d_model, m.vocab // s.tp
+    loss = loss_work(s, ctx)
+    work = head_work(s, ctx)
+    kept = s.rows_sp * d * (a + comp)  # its input, and the norm's output
+    ops = _ops(work, loss.forward, loss.backward_input)
+    ops["F0"] = work.recompute  # the stage runs the head again, not the loss
+    return Layer("head", {"dense": 2 * d + d * v}, 2 * d if s.sequence_parallel else 0, kept, s.rows_sp * d * a,
+                 s.rows * v * comp, ops)
 
 
-def _reduce(s, nbytes_each):
-    """After a row-parallel layer: reduce-scatter (SP) or all-reduce (plain TP)."""
-    if s.tp == 1:
-        return []
-    return [("c", "reduce_scatter" if s.sp else "all_reduce", s.b * s.n * nbytes_each, "tp")]
-
-
-def _embedding(m, s):
-    d, rows = m.d_model, s.b * s.n
-    params = m.vocab // s.tp * d + (m.max_seq * d if m.positions == "learned" else 0)
-    partial = m.max_seq * d if (m.positions == "learned" and s.sp) else 0
-    kept = rows * INT + rows + s.n_sp * INT  # ids, which ids are mine, positions
-    F = [("k", memory_bound(2 * rows * d * s.comp))] + _reduce(s, d * s.comp)
-    W = _gather(s, d * s.act)  # the output gradient gathered back along the sequence
-    return Layer("embed", {"dense": params}, partial, kept, rows * INT, s.b * s.n_sp * d * s.act,
-                 {"F": F, "B": [], "W": W})
-
-
-def _head(m, s):
-    d, rows, v = m.d_model, s.b * s.n, m.vocab // s.tp
-    F0 = [("k", memory_bound(2 * s.b * s.n_sp * d * s.act))] + _gather(s, d * s.comp) + [("k", gemm(rows, v, d))]
-    F = F0 + ([("c", "all_reduce", rows * s.comp, "tp")] * 3 if s.tp > 1 else [])  # the vocab-parallel loss
-    B = [("k", gemm(rows, d, v, count=2))] + _reduce(s, d * s.comp)
-    W = _gather(s, d * s.comp)  # the norm's output gathered again for the weight gradient
-    kept = s.b * s.n_sp * d * (s.act + s.comp)  # its input, and the norm's output
-    return Layer("head", {"dense": 2 * d + d * v}, 2 * d if s.sp else 0, kept, s.b * s.n_sp * d * s.act,
-                 rows * v * s.comp, {"F": F, "F0": F0, "B": B, "W": W})
-
-
-def _attention_core(m, s, dims):
-    """(kept bytes, forward ops, backward ops) of this rank's heads' core."""
-    h, kv, dh = m.n_heads // s.tp, m.n_kv_heads // s.tp, m.head_dim
-    b, n = s.b, s.n
+def _core_kept(m, s, dims, ctx, a, comp):
+    """Bytes the attention core keeps, as :mod:`emulator.parallel.attention_cores` caches them."""
+    h, kv, dh, b, n = s.h, s.kv, s.head_dim, s.b, s.n
     if dims.cp == 1:
-        frac = (n + 1) / (2 * n)
-        kept = s.act * b * dh * n * (h + 2 * kv) + (s.act * b * h * n * n if dims.recompute == "none" else 0)
-        return kept, [("k", attention(b, h, n, n, dh, 2, frac))], \
-            [("k", attention(b, h, n, n, dh, 5 if dims.recompute == "selective" else 4, frac))]
+        kept = a * b * dh * n * (h + 2 * kv)  # Q, K (its heads) and V
+        if ctx.stack.attention == "flash":
+            return kept + 4 * b * h * n  # the softmax's statistics
+        return kept + (a * b * h * n * n if dims.recompute == "none" else 0)
     if dims.cp_attention == "ring":
-        kept = s.comp * b * n * dh * (2 * h + 2 * kv) + s.comp * b * h * n  # q, k, v (K/V heads), out; lse
-        kv_bytes = 2 * b * kv * n * dh * s.comp  # K and V travel with their own heads
-        fwd, bwd = (_ring_steps(b * h, dh, dims.cp, dims.cp_layout, n, kv_bytes, passes) for passes in (2, 5))
-        return kept, [("ring", True, fwd, "cp")], [("ring", False, bwd, "cp")]
-    c, S = dims.cp, n * dims.cp  # Ulysses: every position, h / cp heads
+        return comp * b * n * dh * (2 * h + 2 * kv) + comp * b * h * n  # q, k, v (K/V heads), out; lse
+    c, S = dims.cp, n * dims.cp  # Ulysses: every position of h / cp heads, and their scores
     hc = h // c
-    piece = b * hc * n * dh * s.comp  # one peer's share of one tensor
-    kept = s.comp * b * hc * S * dh * 3 + s.comp * b * hc * S * S
-    frac = (S + 1) / (2 * S)
-    fwd = [("a2a", piece, "cp")] * 3 + [("k", attention(b, hc, S, S, dh, 2, frac))] + [("a2a", piece, "cp")]
-    bwd = [("a2a", piece, "cp")] + [("k", attention(b, hc, S, S, dh, 4, frac))] + [("a2a", piece, "cp")] * 3
-    return kept, fwd, bwd
+    return comp * b * hc * S * dh * 3 + comp * b * hc * S * S
 
 
-@lru_cache(maxsize=1024)
-def _ring_steps(bh, dh, c, layout, n, kv_bytes, passes):
-    """Each ring step's attention kernels (``bh`` = batch x heads) and the K/V bytes it passes on."""
-    return tuple((tuple(attention(bh, 1, q, k, dh, passes) for q, k in step), kv_bytes)
-                 for step in _ring_blocks(c, layout, n))
-
-
-def _ring_blocks(c, layout, n):
-    """Per ring step, the (query rows, key rows) blocks the busiest rank computes (the ring
-    moves at its pace), every block of
-    :func:`emulator.parallel.context_parallel.ring.blocks` whose keys start before its
-    queries end, computed whole. Zigzag (chunks i and 2c-1-i of n/2): three half-blocks at
-    step 0 (its own keys), two at every other step, on every rank. Contiguous: one n x n
-    block at every step on the ranks whose source comes earlier, and the last rank's
-    always does."""
-    if layout == "contiguous":
-        return (((n, n),),) * c
-    half = n // 2
-    return (((half, half),) * 3,) + (((half, half),) * 2,) * (c - 1)
-
-
-def _dense_mlp(m, s):
-    d, rows, f, w = m.d_model, s.b * s.n, m.d_ff // s.tp, m.widen
-    params = (w + 1) * d * f + (f + d if m.mlp == "gelu" else 0)
-    kept = s.act * (s.b * s.n_sp * d + (w + 1) * rows * f)  # its input; GELU input or gate and up; fc2's input
-    F = _gather(s, d * s.comp) + [("k", gemm(rows, f, d, count=w)), ("k", memory_bound(3 * rows * f * s.comp)),
-                                  ("k", gemm(rows, d, f))] + _reduce(s, d * s.comp)
-    B = _gather(s, d * s.act) + [("k", gemm(rows, f, d)), ("k", gemm(rows, d, f, count=w))] + _reduce(s, d * s.comp)
-    W = _gather(s, d * s.act) + [("k", gemm(f, d, rows, count=1 + w))]
-    return {"dense": params}, (d if (s.sp and m.mlp == "gelu") else 0), kept, F, B, W
-
-
-def _moe_mlp(m, s):
-    """ParallelMoE with balanced routing (each expert gets its share), dropless."""
-    d, T, f, w, E = m.d_model, s.b * s.n, m.d_ff // s.tp, m.widen, m.n_experts
-    local = E // s.ep
-    R = T * m.top_k  # rows this rank sends, and receives when the router is balanced
-    per = R // local if local else 0
-    experts = local * ((w + 1) * d * f + (f + d if m.mlp == "gelu" else 0))
-    # route: x, p (T x E), ids, chosen p, weights; order, tokens; outputs back home; the rows and
-    # hidden units each local expert computed; where rows go, expert boundaries and counts
-    kept = s.comp * (T * d + T * E + 2 * T * m.top_k + 2 * R * d + w * R * f) + \
-        INT * (3 * T * m.top_k + R + 2 * local + 1)
-    piece = R // s.ep  # rows per peer
-    route = ("k", gemm(T, E, d))
-    experts_f = ("ke", (gemm(per, f, d, count=w + 1),) * local)
-    F = _gather(s, d * s.comp) + [route, ("a2a", E // s.ep * INT, "ep"), ("a2a", piece * d * s.comp, "ep"), experts_f,
-                                  ("a2a", piece * d * s.comp, "ep")] + _reduce(s, d * s.comp)
-    B = _gather(s, d * s.act) + ([("c", "all_reduce", R * s.act, "tp")] if s.tp > 1 else []) + \
-        [("a2a", piece * d * s.comp, "ep"), ("ke", (gemm(per, f, d, count=2 * (w + 1)),) * local),
-         ("a2a", piece * d * s.act, "ep"), ("k", gemm(T, E, d, count=2))] + _reduce(s, d * s.comp)
-    return {"dense": d * E, "experts": experts}, 0, kept, F, B, []
-
-
-def _block(m, s, dims):
-    d, rows = m.d_model, s.b * s.n
-    h, kv, dh = m.n_heads // s.tp, m.n_kv_heads // s.tp, m.head_dim
+def _block(m, s, dims, ctx, a, comp):
+    d, rows, h, kv, dh = m.d_model, s.rows, s.h, s.kv, s.head_dim
     qkv = (h + 2 * kv) * dh
     attn_params = d * qkv + qkv + h * dh * d + d
-    core_kept, core_f, core_b = _attention_core(m, s, dims)
-    attn_kept = s.act * (s.b * s.n_sp * d + rows * h * dh) + core_kept  # its input, o's input; the core's
-    held = s.b * s.n_sp * d  # one (b, n_sp, d) tensor between the layers
-    attn_F = _gather(s, d * s.comp) + [("k", gemm(rows, qkv, d))] + core_f + [("k", gemm(rows, d, h * dh))] + \
-        _reduce(s, d * s.comp)
-    attn_B = _gather(s, d * s.comp) + [("k", gemm(rows, h * dh, d))] + core_b + [("k", gemm(rows, d, qkv))] + \
-        _reduce(s, d * s.comp)
-    attn_W = _gather(s, d * s.comp) + [("k", gemm(d, h * dh, rows)), ("k", gemm(d, qkv, rows))]
-    mlp_params, mlp_partial, mlp_kept, mlp_F, mlp_B, mlp_W = _moe_mlp(m, s) if m.n_experts else _dense_mlp(m, s)
-    F = [("k", memory_bound(2 * held * s.act))] + attn_F + [("k", memory_bound(2 * held * s.comp))] + mlp_F
+    attn_kept = a * (s.rows_sp * d + rows * h * dh) + _core_kept(m, s, dims, ctx, a, comp)
+    held = s.rows_sp * d  # one (b, n_sp, d) tensor between the layers
+    f, w = s.ff, s.widen
+    if m.n_experts:
+        T, E = rows, m.n_experts
+        local = E // dims.ep
+        R = T * m.top_k
+        mlp_params = {"dense": d * E, "experts": local * ((w + 1) * d * f + (f + d if m.mlp == "gelu" else 0))}
+        mlp_partial = 0
+        # route: x, p (T x E), ids, chosen p, weights; order, tokens; outputs back home; the rows and hidden
+        # units each local expert computed; where rows go, expert boundaries and counts
+        mlp_kept = comp * (T * d + T * E + 2 * T * m.top_k + 2 * R * d + w * R * f) + \
+            INT * (3 * T * m.top_k + R + 2 * local + 1)
+    else:
+        mlp_params = {"dense": (w + 1) * d * f + (f + d if m.mlp == "gelu" else 0)}
+        mlp_partial = d if (s.sequence_parallel and m.mlp == "gelu") else 0
+        mlp_kept = a * (held + (w + 1) * rows * f)  # its input; GELU input or gate and up; fc2's input
     params = dict(mlp_params)
     params["dense"] = params.get("dense", 0) + 4 * d + attn_params
-    partial = (4 * d + d + mlp_partial) if s.sp else 0  # norms, o's bias (and fc2's) see a slice of the sequence
-    kept = s.act * 2 * held + attn_kept + mlp_kept  # the two norms' inputs
+    partial = (4 * d + d + mlp_partial) if s.sequence_parallel else 0  # norms, o's bias (and fc2's): a slice
+    kept = a * 2 * held + attn_kept + mlp_kept  # the two norms' inputs
     if dims.recompute == "full":
-        kept = s.act * held
-    ring = [op[2][0][1] for op in core_f if op[0] == "ring"] if dims.cp > 1 else []
-    transient = (2 * ring[0], 4 * ring[0]) if ring else (0, 0)  # K/V and the arriving block; and dK/dV's two
-    return Layer("block", params, partial, kept, s.act * held, s.act * held,
-                 {"F": F, "B": mlp_B + attn_B, "W": mlp_W + attn_W}, transient=transient)
+        kept = a * held
+    work = declared_block(s, ctx, _busiest_cp_rank(dims))
+    ring = [x for x in work.forward if isinstance(x, RingAttention)]
+    transient = (2 * ring[0].steps[0][1], 4 * ring[0].steps[0][1]) if ring else (0, 0)  # K/V and the arriving block
+    return Layer("block", params, partial, kept, a * held, a * held, _ops(work), transient=transient)
 
 
-def rank_layers(model, dims, b, seq_len, param_bytes, names):
+def _busiest_cp_rank(dims):
+    """The context-parallel rank whose ring steps set the pace: the last one computes a block
+    at every step of a contiguous causal ring (zigzag balances every rank)."""
+    return dims.cp - 1 if dims.cp > 1 else 0
+
+
+def rank_layers(model, dims, b, seq_len, ctx, names):
     """The :class:`Layer` of each of ``names`` (``embed``, ``blocks.i``, ``head``) on one
-    rank for a micro-batch of ``b`` sequences of ``seq_len``."""
+    rank for a micro-batch of ``b`` sequences of ``seq_len``, as ``ctx`` runs them."""
     kinds = _kinds(model, dims.tp, dims.cp, dims.ep, dims.sequence_parallel, dims.recompute, dims.cp_attention,
-                   dims.cp_layout, b, seq_len, param_bytes)
+                   dims.cp_layout, b, seq_len, ctx)
     return [kinds[n if n in ("embed", "head") else "block"] for n in names]
 
 
 @lru_cache(maxsize=1024)
-def _kinds(model, tp, cp, ep, sp, recompute, cp_attention, cp_layout, b, seq_len, param_bytes):
+def _kinds(model, tp, cp, ep, sp, recompute, cp_attention, cp_layout, b, seq_len, ctx):
     from ..parallel.dims import ParallelDims
 
     dims = ParallelDims(tp=tp, cp=cp, dp=ep, ep=ep, sequence_parallel=sp, recompute=recompute,
                         cp_attention=cp_attention, cp_layout=cp_layout)
-    s = shape_of(dims, b, seq_len, param_bytes)
-    return {"embed": _embedding(model, s), "block": _block(model, s, dims), "head": _head(model, s)}
+    s = of_plan(model, dims, b, seq_len)
+    a, comp = dtype_bytes(ctx.dtype("activations")), _computed_bytes(ctx)
+    return {"embed": _embedding(model, s, ctx, a, comp), "block": _block(model, s, dims, ctx, a, comp),
+            "head": _head(model, s, ctx, a, comp)}
+
+
+def _computed_bytes(ctx):
+    """Bytes of a value the emulator computes and caches as computed (fp32 for a 16-bit
+    model, whose arrays compute in fp32; else the arrays')."""
+    return max(4, dtype_bytes(ctx.dtype("params")))
 
 
 @lru_cache(maxsize=1024)
@@ -242,28 +166,32 @@ def split_names(n_layers, stages):
 
 def ops_flops(ops):
     """FLOPs the kernels of ``ops`` compute (ring attention's steps included)."""
-    total = 0.0
-    for op in ops:
-        if op[0] == "k":
-            total += op[1].flops
-        elif op[0] == "ke":
-            total += sum(k.flops for k in op[1])
-        elif op[0] == "flops":
-            total += op[1]
-        elif op[0] == "ring":
-            total += sum(k.flops for kernels, _ in op[2] for k in kernels)
-    return total
+    return flops_of(ops)
 
 
-def inventory(model, dims, batch, seq_len, rank, param_bytes=2):
+def _ring_blocks(c, layout, n):
+    """Per ring step, the (query rows, key rows) blocks the busiest rank computes (kept for
+    the tests that compare them with :func:`emulator.parallel.context_parallel.ring.blocks`)."""
+    if layout == "contiguous":
+        return (((n, n),),) * c
+    half = n // 2
+    return (((half, half),) * 3,) + (((half, half),) * 2,) * (c - 1)
+
+
+def inventory(model, dims, batch, seq_len, rank, param_bytes=None, precision=None, stack=None):
     """Pipeline rank ``rank``'s layers (every chunk) as plain numbers, for a global batch of
     ``batch`` sequences: ``[{"name", "params": {"dense"/"experts": elements}, "kept": bytes
     one micro-batch's forward keeps}]``."""
     from ..parallel.pipeline.actions import stage_of
+    from .precision_of import plan_context
 
+    ctx = plan_context(stack, precision, param_bytes)
     model = model.with_seq(seq_len)
     b = batch // (dims.dp * dims.micro_batches)
     names = split_names(model.n_layers, dims.pp * dims.v)
     mine = [n for c in range(dims.v) for n in names[stage_of(dims.pp, rank, c)]]
     return [{"name": n, "params": dict(x.params), "kept": x.input if dims.recompute == "full" else x.kept}
-            for n, x in zip(mine, rank_layers(model, dims, b, seq_len, param_bytes, mine))]
+            for n, x in zip(mine, rank_layers(model, dims, b, seq_len, ctx, mine))]
+
+
+__all__ = ["Layer", "rank_layers", "split_names", "ops_flops", "inventory", "causal_share"]

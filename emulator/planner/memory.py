@@ -5,8 +5,8 @@ The parts, as the emulator's strategies hold them (:mod:`emulator.parallel.ddp`,
 
 * ``params``: this rank's parameters (ZeRO-3: its slice of each layer's flat vector,
   padded to a multiple of the group); ``optimizer``: Adam's state for what it updates
-  (12 bytes per element with mixed precision: fp32 master and moments; ZeRO-1/2/3: its
-  slice only);
+  (the precision policy's master copy and moments: 12 bytes per element under
+  Megatron's bf16; ZeRO-1/2/3: its slice only);
 * ``grads``: DDP's bucket per layer and ZeRO-1's full gradients, from a layer's first
   backward to the update; ZeRO-2/3's slice; each held from the layer's first backward;
 * ``activations``: what each layer's forward keeps, per micro-batch in flight, released
@@ -34,12 +34,24 @@ def padded(elems, n):
     return -(-elems // n) * n
 
 
+def byte_sizes(ctx):
+    """Bytes per parameter element, by what holds or sends it, under ``ctx``'s precision
+    policy: the weights, the gradients, the optimizer (master copy and two moments), ZeRO's
+    all-gather of the weights, the data-parallel reduction."""
+    from ..machine.work import dtype_bytes
+
+    per = ctx.precision.bytes_per_param(default=ctx.array)
+    return {"params": per["params"], "grads": per["grads"], "optimizer": per["optimizer"],
+            "gather": dtype_bytes(ctx.dtype("param_gather")), "reduce": dtype_bytes(ctx.dtype("grad_reduce"))}
+
+
 class Units:
     """One rank's units (a layer's parameters that reduce over one group) and their bytes."""
 
-    def __init__(self, layers, dims, param_bytes, mixed):
+    def __init__(self, layers, dims, ctx):
         groups = {"dense": dims.dp * dims.cp, "experts": dims.dp * dims.cp // dims.ep}
-        opt = 12 if mixed else 2 * param_bytes
+        sizes = byte_sizes(ctx)
+        param_bytes, opt, grad_bytes, gather = sizes["params"], sizes["optimizer"], sizes["grads"], sizes["gather"]
         self.z, self.pb = dims.zero_stage, param_bytes
         self.params = self.optimizer = 0
         self.per_layer = []  # per layer: (grads held once its backward ran, gathered, full-gradient buffer)
@@ -52,9 +64,9 @@ class Units:
                 full, mine = padded(elems, n), padded(elems, n) // n
                 self.params += (mine if self.z == 3 else elems) * param_bytes
                 self.optimizer += (elems if self.z == 0 else mine) * opt
-                grads += (elems if self.z <= 1 else mine) * param_bytes
-                gathered += full * param_bytes if self.z == 3 else 0
-                fullgrad += full * param_bytes if self.z >= 2 else 0
+                grads += (elems if self.z <= 1 else mine) * grad_bytes
+                gathered += full * gather if self.z == 3 else 0
+                fullgrad += full * grad_bytes if self.z >= 2 else 0
             self.per_layer.append((grads, gathered, fullgrad))
 
 
@@ -131,7 +143,7 @@ def walked_micro_batches(p):
     return 5 * p
 
 
-def stage_peaks(stage_layers, dims, param_bytes=2, mixed=True):
+def stage_peaks(stage_layers, dims, ctx):
     """Every pipeline rank's ``(peak bytes, {kind: bytes at the peak})``: ``stage_layers[c][r]``
     is the list of :class:`~emulator.planner.layers.Layer` of rank r's chunk c."""
     p, v, m = dims.pp, dims.v, dims.micro_batches
@@ -143,7 +155,7 @@ def stage_peaks(stage_layers, dims, param_bytes=2, mixed=True):
     out = []
     for r in range(p):
         layers = [stage_layers[c][r] for c in range(v)]
-        units = [Units(ls, dims, param_bytes, mixed) for ls in layers]
+        units = [Units(ls, dims, ctx) for ls in layers]
         static = {"params": sum(u.params for u in units), "optimizer": sum(u.optimizer for u in units)}
         kept = [[(x.input if full else x.kept) for x in ls] for ls in layers]
         grad_out = [sum(x.grad_out for x in ls) for ls in layers]

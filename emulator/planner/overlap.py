@@ -12,6 +12,8 @@ when the rank is done.
 
 from bisect import insort
 
+from ..machine.work import is_comm
+
 
 def port_kinds(ranks, gpus_per_node):
     """The ports a collective over ``ranks`` takes on each member: NVLink inside a node,
@@ -51,7 +53,7 @@ class Ports:
             self.until[k] = max(self.until[k], end)
 
 
-def replay(timer, r, actions, timing, layers, dims, param_bytes, hop):
+def replay(timer, r, actions, timing, layers, dims, ctx, hop):
     """(end of rank r's step, when its pipeline would end without the all-reduces):
     its actions replayed from the first that starts an all-reduce."""
     split = dims.schedule == "zb_h1"
@@ -60,37 +62,39 @@ def replay(timer, r, actions, timing, layers, dims, param_bytes, hop):
     for i, a in enumerate(actions):
         if a.kind == done_kind:
             last[a.chunk] = i
+    from .memory import byte_sizes
+
+    sizes = byte_sizes(ctx)
     groups, g = timer.groups(r), timer.g
     kinds = {name: port_kinds(ranks, g) for name, ranks in groups.items()}
     first = min(last.values())
     starts = {i: s for i, (_, s, _) in enumerate(timing[r])}
     t = timing[r][first - 1][2] if first else 0.0
+    host = t  # the host's clock: each op waits for its issue (as the emulator's: Timer.host)
     ports, stream, finish = Ports(), {}, 0.0
 
     def blocking(op):
-        run_steps([(timer.op(op, r), kinds[op[-1]])])
+        run_steps([(timer.op(op, r), kinds[op[-1]], 0.0)])
 
     def run_steps(steps):
-        nonlocal t
-        for sec, k in steps:
+        nonlocal t, host
+        for sec, k, issue in steps:
+            host += issue
+            t = t if t >= host else host
             if k:
                 t = ports.place(k, sec, t)
                 ports.book(k, t, t + sec)
             t += sec
 
-    def steps_of(x, name):  # the pass's ops as (seconds, ports or None), compute merged; kept on the layer
+    def steps_of(x, name):  # the pass's ops as (seconds, ports or None, host seconds); kept on the layer
         key = ("steps", name, timer.topology, groups["tp"], groups["cp"], groups["ep"])
         if key not in x.times:
-            out, acc = [], 0.0
+            out = []
             for op in x.ops.get(name, x.ops["F"]):
                 sec = timer.op(op, r)
-                if op[0] in ("c", "a2a", "ring") and sec:
-                    out += [(acc, None)] if acc else []
-                    out.append((sec, kinds[op[-1]]))
-                    acc = 0.0
-                else:
-                    acc += sec
-            x.times[key] = tuple(out + ([(acc, None)] if acc else []))
+                ports_of = kinds["cp" if op.group == "group" else op.group] if (is_comm(op) and sec) else None
+                out.append((sec, ports_of, timer.host((op,))))
+            x.times[key] = tuple(out)
         return x.times[key]
 
     for i in range(first, len(actions)):
@@ -100,7 +104,8 @@ def replay(timer, r, actions, timing, layers, dims, param_bytes, hop):
             t = ports.place(hop_kinds, sec, max(t, starts[i] - sec))
             ports.book(hop_kinds, t, t + sec)
             t += sec
-        t = max(t, starts[i]) if i == first else t
+        if i == first:
+            t = host = max(t, starts[i])
         chunk = layers[a.chunk][r]
         order = range(len(chunk)) if a.kind == "F" else reversed(range(len(chunk)))
         for j in order:
@@ -110,15 +115,15 @@ def replay(timer, r, actions, timing, layers, dims, param_bytes, hop):
             for name in passes:
                 run_steps(steps_of(x, name))
             if a.kind == done_kind and x.partial and dims.tp > 1:
-                blocking(("c", "all_reduce", x.partial * param_bytes, "tp"))
+                blocking(("c", "all_reduce", x.partial * sizes["grads"], "tp"))
             if a.kind == done_kind and i == last[a.chunk]:  # the layer's last gradient: its all-reduce starts
                 for group, elems in x.params.items():
                     axis = "dp,cp" if group == "dense" else "edp"
                     if not elems or len(groups[axis]) == 1:
                         continue
-                    sec = timer.op(("c", "all_reduce", elems * param_bytes, axis), r)
+                    sec = timer.op(("c", "all_reduce", elems * sizes["reduce"], axis), r)
                     start = ports.place(kinds[axis], sec, max(t, stream.get(axis, 0.0)))
                     ports.book(kinds[axis], start, start + sec)
                     stream[axis] = start + sec
                     finish = max(finish, start + sec)
-    return max(t, finish)
+    return max(t, finish, timing[r][-1][2])

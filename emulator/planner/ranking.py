@@ -19,6 +19,8 @@ from ..parallel.dims import ParallelDims
 from ..parallel.pipeline.actions import stage_of
 from .evaluate import evaluate, structural_problems
 from .layers import rank_layers, split_names
+from .memory import byte_sizes
+from .precision_of import plan_context
 from .timing import Timer, layer_times
 
 
@@ -108,22 +110,21 @@ def _in_flight(name, p, m, v):
     return [min(p - r, m) for r in range(p)]
 
 
-def _state_bytes(layer, dims, z, param_bytes, mixed):
+def _state_bytes(layer, dims, z, sizes):
     """(params, optimizer, grads, gathered) bytes of one layer's units on one rank under ZeRO ``z``."""
     groups = {"dense": dims.dp * dims.cp, "experts": dims.dp * dims.cp // dims.ep}
-    opt = 12 if mixed else 2 * param_bytes
     out = [0, 0, 0, 0]
     for group, elems in layer.params.items():
         n = groups[group]
         mine = -(-elems // n)
-        out[0] += (mine if z == 3 else elems) * param_bytes
-        out[1] += (elems if z == 0 else mine) * opt
-        out[2] += (elems if z <= 1 else mine) * param_bytes
-        out[3] += mine * n * param_bytes if z == 3 else 0
+        out[0] += (mine if z == 3 else elems) * sizes["params"]
+        out[1] += (elems if z == 0 else mine) * sizes["optimizer"]
+        out[2] += (elems if z <= 1 else mine) * sizes["grads"]
+        out[3] += mine * n * sizes["gather"] if z == 3 else 0
     return out
 
 
-def _screen(model, timer, kw, seq_len, tokens, hbm, param_bytes, mixed):
+def _screen(model, timer, kw, seq_len, tokens, hbm, ctx):
     """The first (recompute, zero_stage) that fits, by the closed form (training state
     plus the schedule's most micro-batches in flight times a micro-batch's activations),
     as ``(estimated step seconds, memory, dims)``; or None."""
@@ -142,11 +143,11 @@ def _screen(model, timer, kw, seq_len, tokens, hbm, param_bytes, mixed):
     for recompute in ("none", "selective", "full"):
         dims = ParallelDims(recompute=recompute, **kw)
         if recompute != "full":
-            layers[recompute] = rank_layers(model, dims, b, seq_len, param_bytes, ["embed", "blocks.0", "head"])
+            layers[recompute] = rank_layers(model, dims, b, seq_len, ctx, ["embed", "blocks.0", "head"])
         kinds = layers["none" if recompute == "full" else recompute]
         act = [x.input if recompute == "full" else x.kept for x in kinds]
         for z in stages:
-            state = [_state_bytes(x, dims, z, param_bytes, mixed) for x in kinds]
+            state = [_state_bytes(x, dims, z, byte_sizes(ctx)) for x in kinds]
             worst = 0.0
             for cnt, held in compositions.items():
                 static = sum(k * sum(st[:3]) for k, st in zip(cnt, state))
@@ -154,16 +155,19 @@ def _screen(model, timer, kw, seq_len, tokens, hbm, param_bytes, mixed):
                 worst = max(worst, static + gathered + held * sum(k * a for k, a in zip(cnt, act)) / v)
             if worst <= hbm:
                 dims = dims.replace(zero_stage=z)
-                lt = [layer_times(timer, x, 0, dims, param_bytes) for x in kinds]  # stages alike on nodes
+                lt = [layer_times(timer, x, 0, dims, ctx) for x in kinds]  # stages alike on nodes
                 t = max(sum(k * (x["F"] + x["B"] + 2 * x["ag"]) for k, x in zip(cnt, lt)) for cnt in compositions)
                 return t * (m * v + p - 1) / v, worst, dims
     return None
 
 
-def search(model, cluster, seq_len, global_batch_tokens, top=10, param_bytes=2, mixed=True, rejected=None,
-           full_evaluations=None):
-    """The ``top`` plans, best first: a list of ``(ParallelDims, Estimate)``. Pass a list
-    as ``rejected`` to receive every :class:`Rejected` factorisation and setting."""
+def search(model, cluster, seq_len, global_batch_tokens, top=10, param_bytes=None, mixed=None, rejected=None,
+           full_evaluations=None, stack=None, precision=None):
+    """The ``top`` plans, best first: a list of ``(ParallelDims, Estimate)``, as the software
+    ``stack`` runs them (None: ``"megatron-core"``; ``precision`` and the shorthands as
+    :func:`~emulator.planner.evaluate`'s). Pass a list as ``rejected`` to receive every
+    :class:`Rejected` factorisation and setting."""
+    ctx = plan_context(stack, precision, param_bytes, mixed)
     model = model.with_seq(seq_len)
     bases, rej = enumerate_plans(model, cluster, seq_len, global_batch_tokens)
     B = global_batch_tokens // seq_len
@@ -174,8 +178,8 @@ def search(model, cluster, seq_len, global_batch_tokens, top=10, param_bytes=2, 
         for kw in _variants(model, base, B, seq_len):
             if structural_problems(model, cluster, ParallelDims(**kw), seq_len, global_batch_tokens):
                 continue
-            timer = timer or Timer(cluster, ParallelDims(**kw))
-            found = _screen(model, timer, kw, seq_len, global_batch_tokens, hbm, param_bytes, mixed)
+            timer = timer or Timer(cluster, ParallelDims(**kw), ctx.stack)
+            found = _screen(model, timer, kw, seq_len, global_batch_tokens, hbm, ctx)
             if found and (best is None or found[0] < best[0]):
                 best = found
         if best is None:
@@ -187,7 +191,7 @@ def search(model, cluster, seq_len, global_batch_tokens, top=10, param_bytes=2, 
     n = full_evaluations or top + 4
     ranked = []
     for _, _, dims in scored[:n]:
-        est = evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes, mixed)
+        est = evaluate(model, cluster, dims, seq_len, global_batch_tokens, stack=ctx.stack, precision=ctx.precision)
         if est.valid:
             ranked.append((dims, est))
         else:

@@ -115,31 +115,35 @@ def _group_size(dims, axis):
             "edp": dims.edp}[axis]
 
 
-def run_plan(model, cluster, dims, seq_len, global_batch_tokens, shape_only=True, fold=(), param_bytes=2, seed=0):
+def run_plan(model, cluster, dims, seq_len, global_batch_tokens, shape_only=True, fold=(), param_bytes=None, seed=0,
+             stack=None, precision=None):
     """Run ``dims`` for one step on the emulator (see the module docstring); ``fold``:
     axes to fold in a shape-only run (``("dp", "tp")`` runs one rank per set of alike
-    ones, for full-size meshes)."""
-    from ml_dtypes import bfloat16
-
+    ones, for full-size meshes); ``stack``, ``precision`` and ``param_bytes`` as
+    :func:`~emulator.planner.evaluate`'s: the run uses the same."""
     from .. import nn
+    from ..machine.work import np_dtype
     from ..parallel.runtime import run_on_mesh, shape_only_batches
     from ..training import synthetic_batches
+    from .precision_of import plan_context
 
-    if param_bytes not in (2, 4):
+    if param_bytes not in (None, 2, 4):
         raise ConfigError(f"run_plan: param_bytes must be 2 (bf16, mixed-precision Adam) or 4 (fp32), got "
                           f"{param_bytes!r}")
-    mixed = param_bytes == 2
-    est = evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes, mixed)
+    ctx = plan_context(stack, precision, param_bytes)
+    mixed = ctx.precision.master is not None
+    est = evaluate(model, cluster, dims, seq_len, global_batch_tokens, stack=ctx.stack, precision=ctx.precision)
     if est.step_time is None:
         raise ConfigError("run_plan: the plan cannot run:\n" + "\n".join(f"  - {p}" for p in est.problems))
-    gpt = model.to_gpt(seq_len, dtype=bfloat16 if mixed else np.float32)
+    gpt = model.to_gpt(seq_len, dtype=np_dtype(ctx.array))
+    options = dict(topology=cluster.topology, stack=ctx.stack, precision=ctx.precision)
     batch = global_batch_tokens // seq_len
     t0 = time.perf_counter()
     if shape_only:
         run = run_on_mesh(gpt, None, shape_only_batches(1, batch, seq_len), dims, nn.AdamW(mixed_precision=mixed),
-                          topology=cluster.topology, shape_only=True, fold=fold)
+                          shape_only=True, fold=fold, **options)
     else:
         params = gpt.init(np.random.default_rng(seed))
         run = run_on_mesh(gpt, params, synthetic_batches(1, batch, seq_len, model.vocab, seed=seed), dims,
-                          nn.AdamW(mixed_precision=mixed), topology=cluster.topology)
+                          nn.AdamW(mixed_precision=mixed), **options)
     return PlanRun(est, run, time.perf_counter() - t0)

@@ -27,6 +27,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..cost import RING_STEPS, all_to_all_time, collective_time, p2p_time
+from ..machine.work import AllToAll, Collective, RingAttention, is_kernel
 
 
 class Ranks(tuple):
@@ -67,10 +68,11 @@ class _Groups(dict):
 
 
 class Timer:
-    """Times ops for the ranks of one pipeline stage (its representative's groups)."""
+    """Times the declared items of one pipeline stage's ranks (its representative's groups)
+    on the cluster, as ``stack`` runs them."""
 
-    def __init__(self, cluster, dims):
-        self.topology, self.device, self.dims = cluster.topology, cluster.device, dims
+    def __init__(self, cluster, dims, stack):
+        self.topology, self.device, self.dims, self.stack = cluster.topology, cluster.device, dims, stack
         self.g = cluster.topology.gpus_per_node
         self._groups, self._ops = {}, {}
 
@@ -96,26 +98,32 @@ class Timer:
         return hit
 
     def _time(self, op, r):
-        kind = op[0]
-        if kind == "k":
-            return _kernel_time(self.device, op[1])
-        if kind == "ke":
-            return sum(_kernel_time(self.device, k) for k in op[1])
-        if kind == "flops":
-            return op[1] / self.topology.flops
-        ranks = self.groups(r)[op[-1]]
+        if is_kernel(op):
+            return _kernel_time(self.device, op) + (self.stack.launch if op.kind == "memory" else 0.0)
+        if isinstance(op, tuple):  # ("c", op, nbytes, axis): a data-parallel strategy's collective
+            ranks = self.groups(r)[op[-1]]
+            return 0.0 if len(ranks) == 1 else _collective(op[1], op[2], ranks, self.topology)
+        ranks = self.groups(r)[_role(op.group)]
         if len(ranks) == 1:
             return 0.0
-        if kind == "c":
-            return _collective(op[1], op[2], ranks, self.topology)
-        if kind == "a2a":
-            return _all_to_all(op[1], ranks, self.topology)
-        if kind == "ring":
-            return _ring(op[1], op[2], ranks, self.topology)
+        if isinstance(op, Collective):
+            return _collective(op.op, op.nbytes, ranks, self.topology)
+        if isinstance(op, AllToAll):
+            return _all_to_all(op.bytes_per_peer, ranks, self.topology)
+        if isinstance(op, RingAttention):
+            return _ring(op.forward, op.steps, ranks, self.topology)
         raise ValueError(f"unknown op {op!r}")
 
     def ops(self, ops, r):
+        """GPU seconds of a pass's items in order on the compute stream (each collective
+        waited for); the host's are :meth:`host`."""
         return sum(self.op(o, r) for o in ops)
+
+    def host(self, ops):
+        """Host seconds to issue a pass's items: ``stack.dispatch`` each (the emulator's clock
+        starts no kernel before the host issued it: :meth:`emulator.engine.clock.Clock.kernels`)."""
+        return sum(sum(len(k) for k, _ in o.steps) if isinstance(o, RingAttention) else 1 for o in ops) * \
+            self.stack.dispatch
 
     def p2p(self, nbytes, r_src, r_dst):
         per_stage = self.dims.dp * self.dims.cp * self.dims.tp
@@ -125,6 +133,11 @@ class Timer:
 @lru_cache(maxsize=4096)
 def _kernel_time(device, kernel):
     return device.time(kernel)
+
+
+def _role(group):
+    """The planner's name of a declared group: the MoE token group's ranks are cp's."""
+    return "cp" if group == "group" else group
 
 
 @lru_cache(maxsize=8192)
@@ -207,27 +220,38 @@ def _ring(forward, steps, ranks, topology):
 
 
 # ----------------------------------------------------------------- one layer's passes
-def layer_times(timer, layer, r, dims, param_bytes):
+def layer_times(timer, layer, r, dims, ctx):
     """Seconds of one layer's passes on pipeline rank r: ``F``, ``B`` (unsplit: input and
     weight gradients), ``Bs`` (a split backward's input gradient), ``W``, with the
     strategy's per-layer collectives; ``ag``: ZeRO-3's gather of the layer, paid before a
     pass unless the layer is still gathered."""
+    from .memory import byte_sizes
+
     z = dims.zero_stage
+    sizes = byte_sizes(ctx)
     ag = rs = 0.0
     for group, elems in layer.params.items():
         axis = "dp,cp" if group == "dense" else "edp"
         n = len(timer.groups(r)[axis])
         if not elems or n == 1:
             continue
-        full = -(-elems // n) * n * param_bytes
+        full = -(-elems // n) * n
         if z == 3:
-            ag += timer.op(("c", "all_gather", full, axis), r)
+            ag += timer.op(("c", "all_gather", full * sizes["gather"], axis), r)
         if z >= 2:
-            rs += timer.op(("c", "reduce_scatter", full, axis), r)
-    partial = timer.op(("c", "all_reduce", layer.partial * param_bytes, "tp"), r) if layer.partial and dims.tp > 1 \
-        else 0.0
+            rs += timer.op(("c", "reduce_scatter", full * sizes["reduce"], axis), r)
+    partial = timer.op(("c", "all_reduce", layer.partial * sizes["grads"], "tp"), r) \
+        if layer.partial and dims.tp > 1 else 0.0
     f, again, b, w = _passes(timer, layer, r, dims.recompute == "full")
-    return {"F": f, "B": again + b + w + partial + rs, "Bs": again + b, "W": w + partial + rs, "ag": ag}
+    hf, h_again, hb, hw = _host(timer, layer, dims.recompute == "full")
+    return {"F": f, "B": again + b + w + partial + rs, "Bs": again + b, "W": w + partial + rs, "ag": ag,
+            "host F": hf, "host B": h_again + hb + hw, "host Bs": h_again + hb, "host W": hw}
+
+
+def _host(timer, layer, recompute):
+    ops = layer.ops
+    again = timer.host(ops.get("F0", ops["F"])) if recompute else 0.0
+    return timer.host(ops["F"]), again, timer.host(ops["B"]), timer.host(ops["W"])
 
 
 def _passes(timer, layer, r, recompute):
@@ -242,8 +266,9 @@ def _passes(timer, layer, r, recompute):
     return layer.times[key]
 
 
-def action_durations(actions, per_layer, dims):
-    """Seconds of each of one rank's actions (``per_layer[c]``: its chunks' layer times)."""
+def action_durations(actions, per_layer, dims, host=False):
+    """Seconds of each of one rank's actions (``per_layer[c]``: its chunks' layer times):
+    the GPU's, or (``host=True``) the host's to issue them."""
     from .memory import zero3_held
 
     split = dims.schedule == "zb_h1"
@@ -255,18 +280,23 @@ def action_durations(actions, per_layer, dims):
         if key not in memo:
             ts = per_layer[c]
             name = "F" if kind == "F" else "W" if kind == "W" else ("Bs" if split else "B")
-            gather = 0.0 if (h or kind == "W") else sum(t["ag"] for t in ts)
-            memo[key] = sum(t[name] for t in ts) + gather
+            if host:
+                memo[key] = sum(t["host " + name] for t in ts)
+            else:
+                gather = 0.0 if (h or kind == "W") else sum(t["ag"] for t in ts)
+                memo[key] = sum(t[name] for t in ts) + gather
         out.append(memo[key])
     return out
 
 
 # ----------------------------------------------------------------- the pipeline
-def simulate(actions, durations, hop):
+def simulate(actions, durations, hop, host=None):
     """Play each rank's ``actions`` (lists of Action), action i of rank r lasting
     ``durations[r][i]`` seconds; a cross-rank dependency starts its transfer when the
     receiver reaches the action (and the sender has finished), and takes ``hop(src, dst)``
-    seconds. Returns ``{rank: [(action, start, end)]}``."""
+    seconds. ``host[r][i]``: the host's seconds to issue the action; the host runs ahead
+    of the GPU, never waiting for it within a step, and an action ends no earlier than its
+    host has issued all of it. Returns ``{rank: [(action, start, end)]}``."""
     p = len(actions)
     v = 1 + max(a.chunk for acts in actions for a in acts)
     last = p * v - 1
@@ -290,12 +320,15 @@ def simulate(actions, durations, hop):
             row.append(((r, a.kind, a.microbatch, a.chunk), dep, h))
         plans.append(row)
     end, free, nxt = {}, [0.0] * p, [0] * p
+    issued = [0.0] * p  # each rank's host: when it has issued its actions so far
     starts = [[] for _ in range(p)]
+    ends = [[] for _ in range(p)]
     waiting, ready = {}, list(range(p))  # the rank blocked on each action's end; ranks that can go on
     while ready:
         r = ready.pop()
         row, i, t = plans[r], nxt[r], free[r]
         dur = durations[r]
+        hosted = host[r] if host is not None else None
         while i < len(row):
             key, dep, h = row[i]
             if dep is not None:
@@ -306,6 +339,10 @@ def simulate(actions, durations, hop):
                 t = (done if done > t else t) + h
             starts[r].append(t)
             t += dur[i]
+            if hosted is not None:
+                issued[r] += hosted[i]
+                t = t if t >= issued[r] else issued[r]
+            ends[r].append(t)
             end[key] = t
             i += 1
             woken = waiting.pop(key, None)
@@ -314,4 +351,4 @@ def simulate(actions, durations, hop):
         nxt[r], free[r] = i, t
     if any(nxt[r] < len(plans[r]) for r in range(p)):
         raise RuntimeError("the schedule deadlocks (validate it with emulator.parallel.pipeline.validate)")
-    return {r: [(a, s0, s0 + d) for a, s0, d in zip(actions[r], starts[r], durations[r])] for r in range(p)}
+    return {r: list(zip(actions[r], starts[r], ends[r])) for r in range(p)}

@@ -80,7 +80,7 @@ class PipelineStage:
             raise ConfigError(f"costs=(t_f, t_b, t_w) are three non-negative seconds per stage, got {costs!r}")
         self.label = label or (lambda action, layer, what: str(action))
         # mixed precision: 16-bit parameters, and activations handed between layers in 16 bits
-        dtype = np.dtype(getattr(model, "dtype", np.float32))
+        dtype = np.dtype(getattr(model, "handed", getattr(model, "dtype", np.float32)))
         self.act = dtype if dtype.kind == "V" or dtype.itemsize == 2 else None
         self.aux_factor = aux_factor
         self.saved = {}  # (mb, chunk) -> {layer: (input, cache)}
