@@ -19,6 +19,7 @@ from emulator.planner import (ModelSpec, cluster_preset, enumerate_plans, evalua
                               search)
 from emulator.planner.__main__ import main as cli
 from emulator.planner.layers import _ring_blocks
+from emulator.machine.stack import stack_preset
 from emulator.planner.timing import Timer, ring_collective_time
 
 DENSE = ModelSpec(8, 256, 8, 1024, 2048)
@@ -115,7 +116,7 @@ def test_ring_collective_times_equal_the_emulators_closed_form():
 
 def test_groups_and_ring_blocks_are_the_runtimes():
     for dims in (D(dp=4, tp=2, pp=2, cp=2, ep=2), D(dp=2, cp=4, ep=8), D(dp=8, tp=4, pp=4)):
-        timer = Timer(cluster_preset("h100", nodes=dims.world_size // 8), dims)
+        timer = Timer(cluster_preset("h100", nodes=dims.world_size // 8), dims, stack_preset())
         for r in range(dims.pp):
             rep = r * dims.dp * dims.cp * dims.tp
             shift = rep - rep % 8
@@ -212,7 +213,7 @@ def test_model_presets_and_specs():
 def test_search_ranks_valid_plans_and_says_why_the_others_cannot_run():
     m, c = model_preset("llama3-70b"), cluster_preset("h100", nodes=2)
     rejected = []
-    ranked = search(m, c, 4096, 40 * 4096, top=5, rejected=rejected)
+    ranked = search(m, c, 4096, 40 * 4096, top=5, rejected=rejected, precision="zero-mixed")  # 16 bytes/param
     assert 1 <= len(ranked) <= 5 and all(e.valid and e.fits for _, e in ranked)
     rates = [e.tokens_per_s_per_gpu for _, e in ranked]
     assert rates == sorted(rates, reverse=True)
@@ -220,6 +221,7 @@ def test_search_ranks_valid_plans_and_says_why_the_others_cannot_run():
     reasons = " | ".join(r.reason for r in rejected)
     for needed in ("crosses a node", "does not split over dp", "does not fit"):
         assert needed in reasons
+    assert not search(m, c, 4096, 40 * 4096, top=5)  # Megatron's fp32 gradients (18 bytes/param): none fits
     ok, rej = enumerate_plans(m, c, 4096, 40 * 4096)
     assert len(ok) + len(rej) == sum(1 for tp in range(1, 17) if 16 % tp == 0
                                      for pp in range(1, 17) if (16 // tp) % pp == 0

@@ -80,9 +80,12 @@ def dp_tail(est, layers, per_layer, timer, timing, r, ctx, boundary):
     if z == 0:
         if all(len(groups[a]) == 1 for a in ("dp,cp", "edp")):
             return 0.0
+        from .timing import action_durations
+
         actions = [a for a, _, _ in timing[r]]
+        host = action_durations(actions, per_layer[r], dims, host=True)
         return replay(timer, r, actions, timing, layers, dims, ctx,
-                      lambda rank, a: _hop(timer, dims, boundary, rank, a)) - end
+                      lambda rank, a: _hop(timer, dims, boundary, rank, a), host) - end
     total = 0.0
     sizes = byte_sizes(ctx)
     for c in range(v):

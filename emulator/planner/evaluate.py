@@ -192,7 +192,10 @@ def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=Non
         return timing, ends, busy, tails, table
 
     cap = steady_cap(p, v)
-    if m <= cap + p:
+    # where a host issues slower than its GPU computes, its lead builds up over the whole step
+    # and no two short plays lie on one line: play the schedule whole
+    host_bound = any(t["host " + k] > t[k] for ts in per_layer for c in ts for t in c for k in ("F", "B"))
+    if m <= cap + p or host_bound:
         est.timeline, ends, busy, tails, est.comm = play(m)
     else:  # every micro-batch past the ramp adds the same time to each rank: play two and extend the line
         est.timeline, ends1, busy1, tails, est.comm = play(cap)

@@ -53,9 +53,11 @@ class Ports:
             self.until[k] = max(self.until[k], end)
 
 
-def replay(timer, r, actions, timing, layers, dims, ctx, hop):
+def replay(timer, r, actions, timing, layers, dims, ctx, hop, host_seconds=None):
     """(end of rank r's step, when its pipeline would end without the all-reduces):
-    its actions replayed from the first that starts an all-reduce."""
+    its actions replayed from the first that starts an all-reduce. ``host_seconds``: the
+    host's time to issue each action (it never waits within a step, so at the first
+    replayed action it has issued everything before)."""
     split = dims.schedule == "zb_h1"
     done_kind = "W" if split else "B"
     last = {}
@@ -105,7 +107,8 @@ def replay(timer, r, actions, timing, layers, dims, ctx, hop):
             ports.book(hop_kinds, t, t + sec)
             t += sec
         if i == first:
-            t = host = max(t, starts[i])
+            t = max(t, starts[i])
+            host = sum(host_seconds[:first]) if host_seconds is not None else t
         chunk = layers[a.chunk][r]
         order = range(len(chunk)) if a.kind == "F" else reversed(range(len(chunk)))
         for j in order:
