@@ -37,6 +37,8 @@ class ModelSpec:
     name: str = ""
     source: str = ""
     note: str = ""
+    norm: str = "layernorm"  # or "rmsnorm": what the kernels of the stacks norm (the parameter count is nn.GPT's)
+    bias: bool = True  # whether the linear layers add biases (the bias kernels a stack runs or fuses)
 
     def __post_init__(self):
         bad = [f"{k}={getattr(self, k)!r} must be a positive int" for k in ("n_layers", "d_model", "n_heads", "d_ff",
@@ -57,6 +59,10 @@ class ModelSpec:
             bad.append(f"n_experts={self.n_experts!r} must be 0 (dense) or a positive int")
         elif self.n_experts and _positive(self.top_k) and self.top_k > self.n_experts:
             bad.append(f"top_k ({self.top_k}) cannot exceed n_experts ({self.n_experts})")
+        if self.norm not in ("layernorm", "rmsnorm"):
+            bad.append(f"norm={self.norm!r} must be 'layernorm' or 'rmsnorm'")
+        if not isinstance(self.bias, bool):
+            bad.append(f"bias={self.bias!r} must be True or False")
         if self.positions not in ("learned", "rope"):
             bad.append(f"positions={self.positions!r} must be 'learned' (a table, as nn.GPT) or 'rope' (none)")
         if self.max_seq is not None and not _positive(self.max_seq):
@@ -154,33 +160,33 @@ _LLAMA3 = "Llama 3 paper (arXiv:2407.21783), Table 3; vocabulary 128,256"
 
 PRESETS = {
     "llama3-8b": ModelSpec(32, 4096, 32, 14336, 128256, 8, "swiglu", positions="rope", name="Llama 3 8B",
-                           source=_LLAMA3, note="RoPE and RMSNorm; no biases (the spec counts nn.GPT's)"),
+                           source=_LLAMA3, note="RoPE and RMSNorm; no biases (the spec counts nn.GPT's)", norm="rmsnorm", bias=False),
     "llama3-70b": ModelSpec(80, 8192, 64, 28672, 128256, 8, "swiglu", positions="rope", name="Llama 3 70B",
-                            source=_LLAMA3, note="RoPE and RMSNorm; no biases (the spec counts nn.GPT's)"),
+                            source=_LLAMA3, note="RoPE and RMSNorm; no biases (the spec counts nn.GPT's)", norm="rmsnorm", bias=False),
     "llama3-405b": ModelSpec(126, 16384, 128, 53248, 128256, 8, "swiglu", positions="rope", name="Llama 3 405B",
-                             source=_LLAMA3, note="RoPE and RMSNorm; no biases (the spec counts nn.GPT's)"),
+                             source=_LLAMA3, note="RoPE and RMSNorm; no biases (the spec counts nn.GPT's)", norm="rmsnorm", bias=False),
     "gpt3-175b": ModelSpec(96, 12288, 96, 49152, 51200, positions="learned", max_seq=2048, name="GPT-3 175B",
                            source="Brown et al. 2020, Table 2.1 (vocabulary padded to 51,200 as Megatron does)"),
     "deepseek-v3": ModelSpec(61, 7168, 128, 2048, 129280, None, "swiglu", 256, 8, positions="rope",
                              name="DeepSeek-V3", source="DeepSeek-V3 Technical Report (arXiv:2412.19437) and "
                                                         "deepseek-ai/DeepSeek-V3 config.json",
                              note="approximation: multi-head latent attention as plain attention, the shared "
-                                  "expert, the 3 dense first layers and multi-token prediction left out"),
+                                  "expert, the 3 dense first layers and multi-token prediction left out", norm="rmsnorm", bias=False),
     "mixtral-8x22b": ModelSpec(56, 6144, 48, 16384, 32768, 8, "swiglu", 8, 2, positions="rope",
-                               name="Mixtral 8x22B", source="mistralai/Mixtral-8x22B-v0.1 config.json"),
+                               name="Mixtral 8x22B", source="mistralai/Mixtral-8x22B-v0.1 config.json", norm="rmsnorm", bias=False),
     "qwen3-235b-a22b": ModelSpec(94, 4096, 64, 1536, 151936, 4, "swiglu", 128, 8, positions="rope",
                                  name="Qwen3-235B-A22B", source="Qwen/Qwen3-235B-A22B config.json",
-                                 note="approximation: its heads are 128 wide (64 x 128 > d_model); here d/64"),
+                                 note="approximation: its heads are 128 wide (64 x 128 > d_model); here d/64", norm="rmsnorm", bias=False),
     "olmo-7b": ModelSpec(32, 4096, 32, 11008, 50304, None, "swiglu", positions="rope", name="OLMo 7B",
-                         source="Groeneveld et al. 2024 (arXiv:2402.00838), Table 1; allenai/OLMo-7B config"),
+                         source="Groeneveld et al. 2024 (arXiv:2402.00838), Table 1; allenai/OLMo-7B config", norm="layernorm", bias=False),
     "gemma2-27b": ModelSpec(46, 4608, 32, 36864, 256000, 16, "swiglu", positions="rope", name="Gemma 2 27B",
                             source="Gemma 2 report (arXiv:2408.00118), Table 1",
                             note="approximation: GeGLU counted as a gated MLP; its heads are 128 wide "
-                                 "(32 x 128 < d_model); local/global attention not modelled"),
+                                 "(32 x 128 < d_model); local/global attention not modelled", norm="rmsnorm", bias=False),
     "deepseek-67b": ModelSpec(95, 8192, 64, 22016, 102400, 8, "swiglu", positions="rope", name="DeepSeek LLM 67B",
-                              source="DeepSeek LLM paper (arXiv:2401.02954), Table 2; deepseek-ai config.json"),
+                              source="DeepSeek LLM paper (arXiv:2401.02954), Table 2; deepseek-ai config.json", norm="rmsnorm", bias=False),
     "yi-34b": ModelSpec(60, 7168, 56, 20480, 64000, 8, "swiglu", positions="rope", name="Yi 34B",
-                        source="Yi report (arXiv:2403.04652), Table 1"),
+                        source="Yi report (arXiv:2403.04652), Table 1", norm="rmsnorm", bias=False),
 }
 for _size, (_layers, _d, _heads) in {"1.7b": (24, 2304, 24), "3.6b": (30, 3072, 32), "7.5b": (36, 4096, 32),
                                       "18b": (40, 6144, 48), "39b": (48, 8192, 64), "76b": (60, 10240, 80),

@@ -57,6 +57,8 @@ class PublishedRun:
     cluster: str
     dims: ParallelDims  # the published axes, one sequence per micro-batch (the rest is searched)
     stated: str  # settings the source states, fixed here
+    stack: str = "megatron-core"  # the software stack it ran (emulator.machine.stack), from what its source says
+    stack_source: str = ""  # why that stack
 
     @property
     def dp(self):
@@ -78,21 +80,31 @@ def _dims(gpus, tp, pp, cp, batch):
     return ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, micro_batches=batch // dp, sequence_parallel=tp > 1)
 
 
+STACK_NARAYANAN = ("Narayanan et al. 2021 ran Megatron-LM itself (section 5: 'our implementation ... "
+                   "https://github.com/nvidia/megatron-lm'), the 2021 code: megatron-2021")
+STACK_MEGATRON = ("the Megatron-LM README (f2e5db4, line 66) describes Megatron-Core runs with "
+                  "--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap: megatron-core")
+STACK_LLAMA3 = ("Meta's training code is not public; section 3.3.2 describes Megatron-style tensor and "
+                "pipeline parallelism with communication overlapped and fp32 gradient reduction: priced as "
+                "megatron-core, the nearest preset")
+
+
 def _narayanan(name, tp, pp, gpus, batch, tflops):
     return PublishedRun(NARAYANAN, f"megatron-{name}", gpus, tp, pp, 1, batch, 2048, tflops, "narayanan", "a100",
                         _dims(gpus, tp, pp, 1, batch).replace(recompute="full"),
-                        "full recomputation (section 5.1; their FLOP count includes it)")
+                        "full recomputation (section 5.1; their FLOP count includes it)", "megatron-2021",
+                        STACK_NARAYANAN)
 
 
 def _megatron(name, tp, pp, gpus, batch, tflops):
     return PublishedRun(MEGATRON, f"megatron-h100-{name}", gpus, tp, pp, 1, batch, 4096, tflops, "megatron", "h100",
-                        _dims(gpus, tp, pp, 1, batch), "")
+                        _dims(gpus, tp, pp, 1, batch), "", "megatron-core", STACK_MEGATRON)
 
 
 def _llama(gpus, cp, dp, seq, tflops):
     batch = 16 * 2**20 // seq
     return PublishedRun(LLAMA3, "llama3-405b", gpus, 8, 16, cp, batch, seq, tflops, "mfu", "h100",
-                        _dims(gpus, 8, 16, cp, batch), "")
+                        _dims(gpus, 8, 16, cp, batch), "", "megatron-core", STACK_LLAMA3)
 
 
 RUNS = [
@@ -157,14 +169,14 @@ def settings(base, n_layers):
     return [[base.replace(zero_stage=z, recompute=r, **sc) for r in recomputes for z in stages] for sc in scheds]
 
 
-def fastest_fitting(model, cluster, base, seq_len, tokens):
+def fastest_fitting(model, cluster, base, seq_len, tokens, stack=None):
     """The Estimate of the fastest of :func:`settings` that fits in HBM (per schedule the
     first that fits, then the faster of those); if none fits, the one needing the least
     memory (its estimate says by how much it does not fit)."""
     picks, smallest = [], None
     for group in settings(base, model.n_layers):
         for dims in group:
-            est = evaluate(model, cluster, dims, seq_len, tokens)
+            est = evaluate(model, cluster, dims, seq_len, tokens, stack=stack)
             if est.step_time is None:
                 continue
             if est.fits:
@@ -180,8 +192,6 @@ def predict(run):
     rest by :func:`fastest_fitting`; its teraFLOP/s per GPU counted as the source counts
     them)."""
     model = model_preset(run.model)
-    if model.positions != "learned":
-        model = model.replace(positions="learned", max_seq=run.seq_len)
     cluster = cluster_preset(run.cluster, nodes=run.gpus // 8)
-    est = fastest_fitting(model, cluster, run.dims, run.seq_len, run.batch * run.seq_len)
+    est = fastest_fitting(model, cluster, run.dims, run.seq_len, run.batch * run.seq_len, run.stack)
     return est, step_flops(run, model) / est.step_time / run.gpus / 1e12
