@@ -193,9 +193,9 @@ def _check(args):
         raise ConfigError(f"--batch-tokens ({args.batch_tokens:,}) must be a whole number of --seq ({args.seq:,}) "
                           f"token sequences, at least one")
     if not args.dims and args.gpus > MAX_SEARCH_GPUS:
-        raise ConfigError(f"--gpus {args.gpus:,}: the search ranks clusters of up to {MAX_SEARCH_GPUS:,} GPUs (it tries "
-                          f"every factorisation; larger ones take minutes to hours); give one plan with --dims to "
-                          f"evaluate it at this size")
+        raise ConfigError(f"--gpus {args.gpus:,}: the search ranks clusters of up to {MAX_SEARCH_GPUS:,} GPUs (it "
+                          f"tries every factorisation; larger ones take minutes to hours); give one plan with --dims "
+                          f"to evaluate it at this size")
 
 
 def too_long(est):

@@ -67,8 +67,9 @@ def model_from_hf_config(config, name=None):
     experts_key = next((k for k in EXPERT_KEYS if cfg.get(k)), None)
     n_experts, top_k = (cfg[experts_key], _need(cfg, "num_experts_per_tok", where, "experts per token")) \
         if experts_key else (0, 1)
-    if n_experts:
-        width_key = "moe_intermediate_size" if cfg.get("moe_intermediate_size") else "intermediate_size"
+    if n_experts:  # Mixtral's (and OLMoE's) experts are intermediate_size wide; DeepSeek's and Qwen's say so apart
+        moe_width = cfg.get("moe_intermediate_size") or experts_key == "n_routed_experts"
+        width_key = "moe_intermediate_size" if moe_width else "intermediate_size"
         notes += _moe_notes(cfg, layers)
     else:
         width_key = "intermediate_size"
@@ -128,4 +129,6 @@ def _name(cfg, config):
     if isinstance(config, dict):
         return ""
     p = Path(config)
-    return p.parent.name if p.name == "config.json" and p.parent.name else p.stem
+    if p.name == "config.json" and p.parent.name:  # a downloaded repository: its folder's name
+        return p.parent.name
+    return p.name.removesuffix(".json").removesuffix(".config")
