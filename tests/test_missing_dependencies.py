@@ -50,7 +50,7 @@ def test_every_lesson_runs_without_torch(path):
     if path.stem == "05_expert_parallel":
         out = text(nb)
         assert "comparison with torch skipped: torch cannot be imported here" in out
-        assert "top-1, Switch (y = p E)  : skipped, torch cannot be imported here" in out
+        assert "top-1, Switch (y = p E): skipped, torch cannot be imported here" in out
         assert "max difference from torch" not in out
 
 

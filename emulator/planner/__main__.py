@@ -161,6 +161,14 @@ def parser(prog=None):
 
 
 def main(argv=None):
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `pfs-planner ... | head`: the reader has gone; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(argv):
     p = parser()
     args = p.parse_args(argv)
     if args.list_models:
