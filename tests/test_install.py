@@ -69,3 +69,28 @@ def test_the_wheel_installs_without_torch_and_runs_the_planner(tmp_path):
     where = run([py, "-c", "import emulator.planner, emulator; print(emulator.__file__)"], cwd=tmp_path)
     assert where.strip().startswith(str(venv)), where  # the installed copy, not this checkout
     assert run([bin_ / "pfs-planner", "--version"]).strip() == f"pfs-planner {emulator.__version__}"
+
+
+def test_make_lab_and_make_test_each_install_their_own_extras_once(tmp_path):
+    """The Makefile's install steps, dry-run (`make -n`) in a copy with a stand-in .venv:
+    `make lab` installs the lessons' extra (no torch), `make test` adds its own beside it,
+    and neither runs again, nor the other's, once its stamp is newer than the files it reads."""
+    for name in ("Makefile", "pyproject.toml", "requirements.txt"):
+        (tmp_path / name).write_bytes((ROOT / name).read_bytes())
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").touch()
+
+    def dry(target):
+        return run(["make", "-n", target], cwd=tmp_path)
+
+    lab = dry("lab")
+    assert '-c requirements.txt -e ".[lab]"' in lab and "tools/lab_settings.py" in lab and "jupyter lab" in lab
+    assert "[test]" not in lab and "torch" not in lab
+    (tmp_path / ".venv" / ".installed-lab").touch()
+    test = dry("test")
+    assert '-c requirements.txt -e ".[test]"' in test and '".[lab]"' not in test and "pytest" in test
+    (tmp_path / ".venv" / ".installed-test").touch()
+    assert "pip" not in dry("test") and "pip" not in dry("lab")
+    assert "pip" not in dry(".venv/.installed") and "pip" not in dry("notebooks")
+    os.utime(tmp_path / "requirements.txt")  # new pins: both install again
+    assert '".[lab]"' in dry("test") and '".[test]"' in dry("test")
