@@ -94,3 +94,40 @@ def test_make_lab_and_make_test_each_install_their_own_extras_once(tmp_path):
     assert "pip" not in dry(".venv/.installed") and "pip" not in dry("notebooks")
     os.utime(tmp_path / "requirements.txt")  # new pins: both install again
     assert '".[lab]"' in dry("test") and '".[test]"' in dry("test")
+
+
+def test_what_make_test_installed_is_exactly_the_pins():
+    """Every distribution the project's `test` extra pulls in, however deep, is pinned in
+    requirements.txt and installed at that version (torch's local build tag aside)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    try:
+        metadata.distribution("parallelism-from-scratch")
+    except metadata.PackageNotFoundError:
+        pytest.skip("this environment has no install of the project (make test installs it)")
+    seen, todo, wrong = {}, [("parallelism-from-scratch", {"test"})], []
+    while todo:
+        name, extras = todo.pop()
+        key = name_of(name)
+        if key in seen and extras <= seen[key]:
+            continue
+        seen[key] = seen.get(key, set()) | extras
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            wrong.append(f"{name}: required, not installed")
+            continue
+        for text in requires:
+            req = Requirement(text)
+            if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in extras | {""}):
+                todo.append((req.name, set(req.extras)))
+    for key in sorted(set(seen) - {"parallelism-from-scratch"}):
+        if key not in PINS:
+            wrong.append(f"{key}: installed, not pinned in requirements.txt")
+        elif Version(metadata.version(key)).public != PINS[key]:
+            wrong.append(f"{key}: {metadata.version(key)} installed, {PINS[key]} pinned")
+    assert not wrong, wrong
+    assert {"torch", "jupyterlab", "pytest", "numpy"} <= set(seen)
