@@ -15,7 +15,7 @@ from nbformat.v4 import new_code_cell
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
 BLOCK = "import sys; sys.modules['torch'] = None"  # every `import torch` then raises ImportError
-PROOF = "try:\n    import torch\nexcept ImportError as e:\n    print('torch blocked:', e)\nelse:\n    print('torch here')"
+PROOF = "try:\n    import torch\nexcept ImportError as e:\n    print('torch blocked:', e)\nelse:\n    print('torch')"
 
 
 def problems(nb):
