@@ -34,8 +34,9 @@ from .models import PRESETS, ModelSpec
 SUFFIX = {"K": 2**10, "M": 2**20, "G": 2**30}
 DAY = 86400.0  # seconds: a step longer than this is no training run
 # The search enumerates every factorisation of the cluster and screens each: on 2 cores it
-# ranks 131,072 GPUs in seconds (an MoE with every ep: about 11 s), a million GPUs in up
-# to a minute, and 2**30 for hours. Past this it refuses; one plan (--dims) is evaluated at any size.
+# ranks 131,072 GPUs in seconds (DeepSeek-V3, with every ep: about 11 s), 2**20 in up to a
+# minute, and 2**30 (--gpus 1G) in many minutes (its divisors alone are found by trial).
+# Past this it refuses; one plan (--dims) is evaluated at any size.
 MAX_SEARCH_GPUS = 2**17
 
 
@@ -202,8 +203,8 @@ def _check(args):
                           f"token sequences, at least one")
     if not args.dims and args.gpus > MAX_SEARCH_GPUS:
         raise ConfigError(f"--gpus {args.gpus:,}: the search ranks clusters of up to {MAX_SEARCH_GPUS:,} GPUs (it "
-                          f"tries every factorisation; larger ones take minutes to hours); give one plan with --dims "
-                          f"to evaluate it at this size")
+                          f"tries every factorisation: a million GPUs takes up to a minute, more take longer); give one "
+                          f"plan with --dims to evaluate it at this size")
 
 
 def too_long(est):
