@@ -203,8 +203,8 @@ def _check(args):
                           f"token sequences, at least one")
     if not args.dims and args.gpus > MAX_SEARCH_GPUS:
         raise ConfigError(f"--gpus {args.gpus:,}: the search ranks clusters of up to {MAX_SEARCH_GPUS:,} GPUs (it "
-                          f"tries every factorisation: a million GPUs takes up to a minute, more take longer); give one "
-                          f"plan with --dims to evaluate it at this size")
+                          f"tries every factorisation: a million GPUs takes up to a minute, more take longer); give "
+                          f"one plan with --dims to evaluate it at this size")
 
 
 def too_long(est):
