@@ -1,7 +1,13 @@
-# Two commands matter: `make lab` and `make test`. Both create .venv on first use.
+# Two commands matter: `make lab` and `make test`. Both create .venv on first use and
+# install this project into it editable (pyproject.toml), with requirements.txt's exact pins
+# as constraints: `make lab` what the lessons need (no torch), `make test` the rest beside
+# it. Each extra set has its stamp, so neither reinstalls what the other installed.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet -c requirements.txt
+LAB_STAMP := $(VENV)/.installed-lab
+TEST_STAMP := $(VENV)/.installed-test
 STAMP := $(VENV)/.installed
 LAB_ARGS ?=
 LAB_SETTINGS := $(VENV)/etc/jupyter/labconfig/default_setting_overrides.json
@@ -13,33 +19,46 @@ export OMP_NUM_THREADS ?= 1
 
 .PHONY: lab test grade notebooks check-notebooks bench browser-deps clean
 
-$(STAMP): requirements.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+$(PY):
+	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade --quiet pip
-	$(PY) -m pip install --quiet -r requirements.txt
-	$(PY) tools/link_project.py
-	touch $(STAMP)
+
+# The lessons: the library, JupyterLab, widgets, matplotlib, jupytext (pyproject's `lab`).
+$(LAB_STAMP): pyproject.toml requirements.txt | $(PY)
+	$(PIP) -e ".[lab]"
+	$(PY) tools/lab_settings.py
+	touch $@
+
+# Beside them: torch and the test tools (pyproject's `test`).
+$(TEST_STAMP): pyproject.toml requirements.txt $(LAB_STAMP)
+	$(PIP) -e ".[test]"
+	touch $@
+
+# Everything (what `make test` needs), under the name older checkouts used.
+$(STAMP): $(TEST_STAMP)
+	touch $@
 
 # The course's JupyterLab settings (tools/jupyterlab_settings.json), for every HOME.
-$(LAB_SETTINGS): | $(STAMP)
-	$(PY) tools/link_project.py
+$(LAB_SETTINGS): | $(LAB_STAMP)
+	$(PY) tools/lab_settings.py
 
-lab: $(STAMP) $(LAB_SETTINGS)
+lab: $(LAB_STAMP) $(LAB_SETTINGS)
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. $(LAB_ARGS) lessons/index.md
 
-test: $(STAMP) $(LAB_SETTINGS) browser-deps
+test: $(TEST_STAMP) $(LAB_SETTINGS) browser-deps
 	$(PY) -m pytest
 
 # Run saved lesson notebooks in a fresh kernel: one line per exercise (LESSON=03: that one).
-grade: $(STAMP)
+grade: $(LAB_STAMP)
 	@$(PY) -m tools.grade $(sort $(wildcard lessons/$(LESSON)*.ipynb))
 
 # Rebuild lessons/ and solutions/ from their sources in solutions/*.py. A lesson whose
 # cells were edited (a student's answers) is kept; FORCE=1 replaces it anyway.
-notebooks: $(STAMP)
+# (With torch: the answer key is executed with lesson 05's comparisons.)
+notebooks: $(TEST_STAMP)
 	$(PY) -m tools.build_notebooks $(if $(FORCE),--force)
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(PY) -m benchmarks.collectives
 	$(PY) -m benchmarks.model
 	$(PY) -m benchmarks.device

@@ -4,6 +4,7 @@
 NumPy data, every message recorded, every byte held counted, and simulated time.
 """
 
+from ._version import __version__
 from .algorithms import global_view as collectives
 from .records.calls import Call
 from .engine.comm import Comm

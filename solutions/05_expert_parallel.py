@@ -15,11 +15,9 @@
 # %%
 import numpy as np
 import matplotlib.pyplot as plt
-import torch
 
 from emulator import Mesh, Topology, World, nn, viz
 from emulator.accounting import CASE_STUDIES, all_to_all_bytes_per_layer, experts_per_gpu
-from emulator.nn import torch_reference as R
 from emulator.nn.moe import (capacity, experts_backward_input, experts_backward_weight, experts_forward, keep_first,
                              keep_first_choices_first, route, route_backward)
 from emulator.parallel import ParallelDims
@@ -39,7 +37,7 @@ setup()
 # renormalised to sum to one as weights. Tokens are sorted by expert so that each expert
 # runs one matrix multiplication on a contiguous block; each token's output is the
 # weighted sum of its experts' outputs. `nn.MoE` has forward and backward (router
-# included); here it is against torch's autograd:
+# included):
 
 # %%
 moe = nn.MoE(d_model=16, d_ff=32, n_experts=8, top_k=2, dtype=np.float64)
@@ -49,15 +47,29 @@ x = np.random.default_rng(1).standard_normal((64, 16))
 dy = np.random.default_rng(2).standard_normal((64, 16))
 y, cache = moe.forward(params, x)
 dx, grads = moe.backward(params, cache, dy)
-tp_ = R.to_torch(params)
-tx = torch.tensor(x, requires_grad=True)
-(R.moe(tp_, tx, 2) * torch.tensor(dy)).sum().backward()
-print(f"max difference from torch: output {np.abs(y - R.moe(tp_, tx, 2).detach().numpy()).max():.1e}, input gradient "
-      f"{np.abs(dx - tx.grad.numpy()).max():.1e}, router gradient {np.abs(grads['router.w'] - tp_['router.w'].grad.numpy()).max():.1e}")
 print(f"tokens per expert: {cache['counts'].tolist()}")
 weights_used = 16 * 8 + 2 * (2 * 16 * 32)  # the router and two experts' matrices
 print(f"parameters {moe.parameters():,}; used per token {moe.active_parameters():,} ({weights_used:,} of them in "
       f"matrices); forward FLOPs per token {moe.flops((1, 16))['forward']:,} = 2 x {weights_used:,}")
+
+# %% [markdown]
+# The same layer against torch's autograd, written apart in `emulator/nn/torch_reference.py`
+# (the comparison needs torch; without it the cell says so, and the lesson goes on):
+
+# %%
+try:
+    import torch
+    from emulator.nn import torch_reference as R
+except ImportError as missing:
+    print(f"comparison with torch skipped: torch cannot be imported here ({missing}); "
+          f"pip install torch (or the course's '.[torch]') to run it")
+else:
+    tp_ = R.to_torch(params)
+    tx = torch.tensor(x, requires_grad=True)
+    (R.moe(tp_, tx, 2) * torch.tensor(dy)).sum().backward()
+    print(f"max difference from torch: output {np.abs(y - R.moe(tp_, tx, 2).detach().numpy()).max():.1e}, input "
+          f"gradient {np.abs(dx - tx.grad.numpy()).max():.1e}, router gradient "
+          f"{np.abs(grads['router.w'] - tp_['router.w'].grad.numpy()).max():.1e}")
 
 # %% [markdown]
 # The 6ND rule of thumb still holds with $N$ the *active* parameters: a token pays for the
@@ -90,7 +102,7 @@ grade.check_top_k_route(top_k_route)
 # itself, $y = p_i(x)\,E_i(x)$, unrenormalised, so the router learns from the task (Fedus
 # et al. 2021, section 2.1). *Predict*: the router's gradient with $k = 1$ renormalised,
 # with $k = 2$, and with Switch's weight. Measured (the library's layer, and torch's
-# autograd for Switch's):
+# autograd for Switch's, where torch is installed):
 
 # %%
 top1 = nn.MoE(16, 32, 8, 1, dtype=np.float64)
@@ -98,12 +110,18 @@ for name, layer in (("top-1, renormalised", top1), ("top-2, renormalised", nn.Mo
     y1, c1 = layer.forward(params, x)
     g1 = layer.backward(params, c1, dy)[1]["router.w"]
     print(f"{name:22s}: largest router gradient {np.abs(g1).max():.1e}")
-chosen = torch.tensor(top1.forward(params, x)[0])  # weight 1: each token's output is its expert's, E_i(x)
-w_r = torch.tensor(params["router.w"], requires_grad=True)
-p = torch.softmax(torch.tensor(x) @ w_r, dim=1)
-switch = p.max(1).values[:, None] * chosen  # Switch: y = p_i(x) E_i(x), the probability not renormalised
-(switch * torch.tensor(dy)).sum().backward()
-print(f"{'top-1, Switch (y = p E)':22s}: largest router gradient {w_r.grad.abs().max().item():.1e}")
+try:
+    import torch
+except ImportError as missing:
+    print(f"{'top-1, Switch (y = p E)':22s}: skipped, torch cannot be imported here ({missing}); pip install torch "
+          f"to measure it")
+else:
+    chosen = torch.tensor(top1.forward(params, x)[0])  # weight 1: each token's output is its expert's, E_i(x)
+    w_r = torch.tensor(params["router.w"], requires_grad=True)
+    p = torch.softmax(torch.tensor(x) @ w_r, dim=1)
+    switch = p.max(1).values[:, None] * chosen  # Switch: y = p_i(x) E_i(x), the probability not renormalised
+    (switch * torch.tensor(dy)).sum().backward()
+    print(f"{'top-1, Switch (y = p E)':22s}: largest router gradient {w_r.grad.abs().max().item():.1e}")
 
 # %% [markdown]
 # **Exercise 5.2** — the permutation. With `expert_ids` the flattened (T·k) choices (token

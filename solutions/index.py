@@ -88,7 +88,9 @@
 # torchrun --standalone --nproc-per-node 8 gpu_labs/00_collectives.py
 # ```
 #
-# `gpu_labs/README.md` covers several nodes and SLURM.
+# `gpu_labs/README.md` covers several nodes and SLURM. The labs need torch, which `make lab`
+# does not install: `make test` adds it to the same `.venv` (the README's install section
+# says how a course cluster installs beside its own torch).
 #
 # ## For instructors
 #

@@ -19,7 +19,6 @@ Errors (all subclasses of ``EmulatorError``) are raised from ``run`` at once.
 import traceback
 from collections import deque
 
-import greenlet
 import numpy as np
 
 from ..algorithms import step_plans as P
@@ -35,6 +34,17 @@ from ..records.table import Table
 from ..records.timeline import Event, Timeline
 from ..machine.topology import Topology
 from ..records.trace import stats_from
+
+
+def _greenlet():
+    """greenlet, imported when a World first runs: the planner, the formulas and the cost
+    model import and work where it cannot be installed."""
+    try:
+        import greenlet
+    except ImportError as exc:
+        raise ImportError(f"World.run needs greenlet, which cannot be imported here ({exc}): "
+                          f"pip install greenlet (a dependency of this package)") from None
+    return greenlet
 
 
 def _mesh_and_topology(n, mesh, topology):
@@ -160,6 +170,7 @@ class World:
         return results
 
     def _run(self, fn, args, kwargs, guard):
+        greenlet = _greenlet()
         self._reset()
         main = greenlet.getcurrent()
         results = [None] * self.size

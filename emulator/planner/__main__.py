@@ -1,37 +1,82 @@
-"""The planner from a shell.
+"""The planner from a shell: ``pfs-planner`` (installed with the package), or ``python -m emulator.planner``.
 
-    python -m emulator.planner --gpus 16384 --gpus-per-node 8 --model llama3-405b --seq 8192 --batch-tokens 16M
-    python -m emulator.planner ... --dims dp=128,tp=8,pp=16,zero_stage=1,sequence_parallel=true,micro_batches=16
-    python -m emulator.planner ... --dims ... --run        # run that plan on the emulator, predicted beside measured
-    python -m emulator.planner ... --json                  # the same as JSON, for scripts
+    pfs-planner --gpus 16384 --gpus-per-node 8 --model llama3-405b --seq 8192 --batch-tokens 16M
+    pfs-planner ... --dims dp=128,tp=8,pp=16,zero_stage=1,sequence_parallel=true,micro_batches=16
+    pfs-planner ... --dims ... --run        # run that plan on the emulator, predicted beside measured
+    pfs-planner ... --json                  # the same as JSON, for scripts (with the version)
+    pfs-planner --model path/to/config.json ...   # a Hugging Face config.json
 
 Without ``--dims`` it prints the ranked plans and every rejected one with its reason. A
-model is a preset name (``--list-models``) or a shape:
+model is a preset name (``--list-models``), a path to a Hugging Face ``config.json`` (a
+value ending in ``.json``; see ``emulator/planner/hf_config.py`` for the keys read and what
+is approximated), or a shape:
 ``--model n_layers=8,d_model=256,n_heads=8,d_ff=1024,vocab=2048[,n_kv_heads=..,mlp=swiglu,n_experts=..,top_k=..]``.
-Sizes take K, M, G (powers of 2: 16M = 16 x 2**20).
+Sizes take K, M, G (powers of 2: 16M = 16 x 2**20). A value it cannot use is refused in
+one line, with exit status 2; a plan that cannot run, or whose step would take more than
+a day, exits 1.
 """
 
 import argparse
 import json
+import math
+import os
 import sys
 from collections import Counter
-from dataclasses import fields
+from dataclasses import MISSING, fields
 
+from .._version import __version__
 from ..errors import ConfigError
 from ..parallel.dims import ParallelDims
 from . import cluster_preset, evaluate, model_preset, run_plan, search
+from .hf_config import model_from_hf_config
 from .models import PRESETS, ModelSpec
 
 SUFFIX = {"K": 2**10, "M": 2**20, "G": 2**30}
+DAY = 86400.0  # seconds: a step longer than this is no training run
+# The search enumerates every factorisation of the cluster and screens each: on 2 cores it
+# ranks 131,072 GPUs in seconds (DeepSeek-V3, with every ep: about 11 s), 2**20 in up to a
+# minute, and 2**30 (--gpus 1G) in many minutes (its divisors alone are found by trial).
+# Past this it refuses; one plan (--dims) is evaluated at any size.
+MAX_SEARCH_GPUS = 2**17
 
 
 def size(text):
-    """``16M`` -> 16 x 2**20; a plain integer as it is."""
+    """``16M`` -> 16 x 2**20; a plain integer as it is; anything else an error that says so."""
     t = str(text).strip().upper()
     try:
-        return int(float(t[:-1]) * SUFFIX[t[-1]]) if t and t[-1] in SUFFIX else int(t)
+        value = float(t[:-1]) * SUFFIX[t[-1]] if t and t[-1] in SUFFIX else int(t)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size (an integer, or with K, M or G: 16M)") from None
+        value = None
+    if value is None or not math.isfinite(value) or value != int(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (a whole number, or one with K, M or G: 16M)")
+    return int(value)
+
+
+def positive_size(text):
+    n = size(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    return n
+
+
+def positive_int(text):
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    return n
+
+
+def count_or_all(text):
+    try:
+        n = int(text)
+    except ValueError:
+        n = None
+    if n is None or n < -1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a count of at least 0, or -1 for all")
+    return n
 
 
 def _value(text):
@@ -55,16 +100,26 @@ def pairs(text, what):
 
 
 def built(cls, text, what):
-    """`cls(**pairs)` from a --what flag's text, naming any field `cls` does not have."""
+    """`cls(**pairs)` from a --what flag's text, naming any field `cls` does not have or needs."""
     kw = pairs(text, what)
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(kw) - known)
+    known = [f.name for f in fields(cls)]
+    unknown = sorted(set(kw) - set(known))
     if unknown:
         raise ConfigError(f"--{what}: unknown field(s) {unknown}; {cls.__name__} takes {sorted(known)}")
+    needed = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [k for k in needed if k not in kw]
+    if missing:
+        raise ConfigError(f"--{what}: missing {', '.join(missing)}; a {cls.__name__} needs {', '.join(needed)}")
     return cls(**kw)
 
 
 def model_of(text):
+    """A preset name, a path to a Hugging Face config.json, or name=value pairs."""
+    if text.strip().lower().endswith(".json"):
+        try:
+            return model_from_hf_config(text.strip())
+        except ConfigError as exc:
+            raise ConfigError(f"--model {exc}") from None
     return model_preset(text) if "=" not in text else built(ModelSpec, text, "model")
 
 
@@ -72,37 +127,61 @@ def dims_of(text):
     return built(ParallelDims, text, "dims")
 
 
-def parser():
-    p = argparse.ArgumentParser(prog="python -m emulator.planner", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--gpus", type=size, help="GPUs in all (a multiple of --gpus-per-node)")
-    p.add_argument("--gpus-per-node", type=int, default=8)
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors in one line (and exit status 2) rather than the usage first."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message} (see --help)\n")
+
+
+def program():
+    """The name a person typed: ``pfs-planner`` or ``python -m emulator.planner``."""
+    name = os.path.basename(sys.argv[0] if sys.argv and sys.argv[0] else "")
+    return name if name.startswith("pfs-planner") else "python -m emulator.planner"
+
+
+def parser(prog=None):
+    p = Parser(prog=prog or program(), description=__doc__.splitlines()[0],
+               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("--gpus", type=positive_size, help="GPUs in all (a multiple of --gpus-per-node)")
+    p.add_argument("--gpus-per-node", type=positive_int, default=8)
     p.add_argument("--cluster", default="h100", help="h100, h200 or a100 nodes (default h100)")
-    p.add_argument("--model", help="a preset name or n_layers=..,d_model=..,n_heads=..,d_ff=..,vocab=..")
-    p.add_argument("--seq", type=size, help="sequence length in tokens")
-    p.add_argument("--batch-tokens", type=size, help="global batch in tokens per step (16M = 16 x 2**20)")
+    p.add_argument("--model", help="a preset name, a path to a Hugging Face config.json, or "
+                                   "n_layers=..,d_model=..,n_heads=..,d_ff=..,vocab=..")
+    p.add_argument("--seq", type=positive_size, help="sequence length in tokens")
+    p.add_argument("--batch-tokens", type=positive_size,
+                   help="global batch in tokens per step, a whole number of sequences (16M = 16 x 2**20)")
     p.add_argument("--dims", help="evaluate one plan: dp=..,tp=..,pp=..[,cp=..,ep=..,zero_stage=..,...]")
     p.add_argument("--run", action="store_true", help="with --dims: run the plan on the emulator (shape-only)")
-    p.add_argument("--top", type=int, default=10, help="plans to rank (default 10)")
-    p.add_argument("--rejected", type=int, default=20, help="rejected plans to list (default 20; -1: all)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--top", type=positive_int, default=10, help="plans to rank (default 10)")
+    p.add_argument("--rejected", type=count_or_all, default=20, help="rejected plans to list (default 20; -1: all)")
+    p.add_argument("--json", action="store_true", help="print JSON (it carries the version)")
     p.add_argument("--list-models", action="store_true", help="list the model presets and exit")
     return p
 
 
 def main(argv=None):
-    args = parser().parse_args(argv)
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `pfs-planner ... | head`: the reader has gone; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(argv):
+    p = parser()
+    args = p.parse_args(argv)
     if args.list_models:
         for name, m in sorted(PRESETS.items()):
             print(f"{name:24s} {m.params() / 1e9:8.1f}B  {m.source}")
         return 0
     missing = [f"--{k.replace('_', '-')}" for k in ("gpus", "model", "seq", "batch_tokens") if getattr(args, k) is None]
     if missing:
-        print(f"python -m emulator.planner: missing {', '.join(missing)} (see --help)", file=sys.stderr)
+        print(f"{p.prog}: missing {', '.join(missing)} (see --help)", file=sys.stderr)
         return 2
     try:
-        if args.gpus % args.gpus_per_node:
-            raise ConfigError(f"--gpus ({args.gpus}) must be a multiple of --gpus-per-node ({args.gpus_per_node})")
+        _check(args)
         cluster = cluster_preset(args.cluster, nodes=args.gpus // args.gpus_per_node, gpus_per_node=args.gpus_per_node)
         model = model_of(args.model)
         if args.dims:
@@ -111,8 +190,30 @@ def main(argv=None):
             raise ConfigError("--run needs --dims (the plan to run)")
         return _search(model, cluster, args)
     except ConfigError as exc:
-        print(f"python -m emulator.planner: {exc}", file=sys.stderr)
+        print(f"{p.prog}: {exc}", file=sys.stderr)
         return 2
+
+
+def _check(args):
+    """What the values say together, before any model or cluster is built."""
+    if args.gpus % args.gpus_per_node:
+        raise ConfigError(f"--gpus ({args.gpus:,}) must be a multiple of --gpus-per-node ({args.gpus_per_node})")
+    if args.batch_tokens % args.seq:
+        raise ConfigError(f"--batch-tokens ({args.batch_tokens:,}) must be a whole number of --seq ({args.seq:,}) "
+                          f"token sequences, at least one")
+    if not args.dims and args.gpus > MAX_SEARCH_GPUS:
+        raise ConfigError(f"--gpus {args.gpus:,}: the search ranks clusters of up to {MAX_SEARCH_GPUS:,} GPUs (it "
+                          f"tries every factorisation: a million GPUs takes up to a minute, more take longer); give "
+                          f"one plan with --dims to evaluate it at this size")
+
+
+def too_long(est):
+    """A problem when the plan's step would take more than a day (else None)."""
+    if est.step_time is None or est.step_time <= DAY:
+        return None
+    return (f"one step would take {est.step_time / DAY:,.1f} days ({est.step_time:.3g} s): "
+            f"{est.global_batch_tokens:,} tokens per step is far more than {est.dims.world_size:,} GPUs train in a "
+            f"day; lower --batch-tokens or add GPUs")
 
 
 def _one(model, cluster, dims, args):
@@ -120,16 +221,19 @@ def _one(model, cluster, dims, args):
         fold = ("dp", "tp") if dims.world_size > 64 else ()
         pr = run_plan(model, cluster, dims, args.seq, args.batch_tokens, fold=fold)
         if args.json:
-            print(json.dumps({"estimate": pr.estimate.as_dict(), "comparison": list(pr.table()),
-                              "wall_seconds": pr.wall_seconds}, indent=1))
+            print(json.dumps({"version": __version__, "estimate": pr.estimate.as_dict(),
+                              "comparison": list(pr.table()), "wall_seconds": pr.wall_seconds}, indent=1))
         else:
             print(pr.estimate.summary())
             print(f"\nran on the emulator in {pr.wall_seconds:.1f} s{' (dp and tp folded)' if fold else ''}:")
             print(pr.table())
         return 0
     est = evaluate(model, cluster, dims, args.seq, args.batch_tokens)
+    problem = too_long(est)
+    if problem:
+        est.problems.append(problem)
     if args.json:
-        print(json.dumps(est.as_dict(), indent=1))
+        print(json.dumps({"version": __version__, **est.as_dict()}, indent=1))
     else:
         print(est.summary())
         if est.comm is not None:
@@ -140,11 +244,12 @@ def _one(model, cluster, dims, args):
 def _search(model, cluster, args):
     rejected = []
     ranked = search(model, cluster, args.seq, args.batch_tokens, top=args.top, rejected=rejected)
+    problems = [p for p in (too_long(e) for _, e in ranked[:1]) if p]  # the best plan's: every other is slower
     if args.json:
-        print(json.dumps({"ranked": [e.as_dict() for _, e in ranked],
+        print(json.dumps({"version": __version__, "ranked": [e.as_dict() for _, e in ranked], "problems": problems,
                           "rejected": [{"dp": r.dp, "tp": r.tp, "pp": r.pp, "cp": r.cp, "ep": r.ep, "reason": r.reason}
                                        for r in rejected]}, indent=1))
-        return 0 if ranked else 1
+        return 0 if ranked and not problems else 1
     print(f"{model.name or 'model'} ({model.params() / 1e9:.1f}B parameters) on {cluster.describe()}")
     print(f"sequence {args.seq}, {args.batch_tokens:,} tokens per step\n")
     if ranked:
@@ -154,6 +259,8 @@ def _search(model, cluster, args):
                   f"{e.bubble:7.1%}  {dims}")
     else:
         print("no plan fits")
+    for problem in problems:
+        print(f"\nproblem: {problem}")
     reasons = Counter(r.reason for r in rejected)
     print(f"\n{len(rejected)} rejected plans, {len(reasons)} distinct reasons"
           + (":" if args.rejected else ""))
@@ -162,7 +269,7 @@ def _search(model, cluster, args):
         print(f"  {r}")
     if len(shown) < len(rejected):
         print(f"  ... {len(rejected) - len(shown)} more (--rejected -1 lists all)")
-    return 0 if ranked else 1
+    return 0 if ranked and not problems else 1
 
 
 if __name__ == "__main__":
