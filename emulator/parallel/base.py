@@ -30,6 +30,7 @@ class DataParallelStrategy:
         self.names = [name for name, _ in model.layers]
         self.layouts = layouts(model, params, comm.size)
         self.full = {name: sub(params, name) for name in self.names}  # this rank's full params, if any
+        self.param_dtype = next(iter(params.values())).dtype if params else np.dtype(np.float32)
 
     # ----------------------------------------------------------------- hooks of emulator.training
     def params_for_forward(self, name, upcoming):
@@ -71,6 +72,26 @@ class DataParallelStrategy:
     def shards(self):
         """{layer: this rank's flat slice} for sharded strategies, else None."""
         return None
+
+    # ----------------------------------------------------------------- the optimizer's kernels
+    def updated_elements(self):
+        """Parameter elements this rank's optimizer updates: all of them (DDP), or its slice
+        of every layer's flat vector (ZeRO)."""
+        if self.zero_stage == 0:
+            return sum(int(np.prod(shape)) for name in self.names for shape in self.layouts[name].shapes)
+        return sum(self.layouts[name].padded // self.comm.size for name in self.names)
+
+    def optimizer_work(self):
+        """The declared kernels of this rank's update (:func:`emulator.machine.elementwise.optimizer_update`)."""
+        from ..machine import elementwise
+
+        ctx = self.comm.work_context(self.param_dtype)
+        return elementwise.optimizer_update(ctx.stack, self.updated_elements(), ctx.precision, ctx.array)
+
+    def charge_update(self):
+        """Advance the clock by the optimizer's update, as declared."""
+        with self.comm.declared(self.optimizer_work, "optimizer step"):
+            self.comm.charge("optimizer")
 
     # ----------------------------------------------------------------- helpers
     def entry(self, name):

@@ -76,6 +76,7 @@ class DDP(DataParallelStrategy):
         return self.mean, self.comm.size
 
     def apply(self, grad_scale=1.0):
+        self.charge_update()
         grads = {f"{layer}.{key}": g * grad_scale if grad_scale != 1.0 else g for layer, key, g in self.mean}
         new, self.state = self.opt.step(self.params(), grads, self.state)
         for i in range(len(self.buckets)):

@@ -27,6 +27,7 @@ class ZeRO1(DataParallelStrategy):
         self.memory.hold(f"grads:{name}", grads, "grads")
 
     def step(self):  # layer by layer: reduce-scatter, update, all-gather
+        self.charge_update()
         for name in self.names:
             self._reduce(name)
             self._update(name, 1.0)
@@ -40,6 +41,7 @@ class ZeRO1(DataParallelStrategy):
         return self.sliced_owned_grads(self.grad_slices)
 
     def apply(self, grad_scale=1.0):
+        self.charge_update()
         for name in self.names:
             self._update(name, grad_scale)
         self.hold_full_params()

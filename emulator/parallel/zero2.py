@@ -29,6 +29,7 @@ class ZeRO2(DataParallelStrategy):
         return self.sliced_owned_grads(self.grad_shards)
 
     def apply(self, grad_scale=1.0):
+        self.charge_update()
         for name in self.names:
             lay = self.layouts[name]
             mine = self.my_slice(name, lay.flatten(self.full[name]))

@@ -65,6 +65,7 @@ class ZeRO3(DataParallelStrategy):
         return self.sliced_owned_grads(self.grad_shards)
 
     def apply(self, grad_scale=1.0):
+        self.charge_update()
         for name in self.names:
             g = self.grad_shards.pop(name)
             new, self.state[name] = self.opt.step({"flat": self.my[name]},

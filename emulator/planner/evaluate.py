@@ -40,6 +40,7 @@ class Estimate:
     stage_memory: list = None  # per pipeline rank: (peak, by kind)
     step_time: float = None
     pipeline_time: float = None
+    optimizer_time: list = field(default=None, repr=False)  # per pipeline rank: its update's seconds
     tokens_per_s_per_gpu: float = None
     mfu: float = None
     hfu: float = None
@@ -207,7 +208,8 @@ def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=Non
     est.bubble = 1 - busy / (p * est.pipeline_time) if p > 1 else 0.0
     est.bubble_formula = pipeline_bubble(p, m, v) if dims.schedule != "zb_h1" else \
         pipeline_bubble(p, m, schedule="zb_h1")
-    est.step_time = max(ends[r] + tails[r] for r in range(p))
+    est.optimizer_time = [_optimizer_seconds(timer, layers, r, dims, ctx) for r in range(p)]
+    est.step_time = max(ends[r] + tails[r] + est.optimizer_time[r] for r in range(p))
     tokens = batch * seq_len
     G = dims.world_size
     est.tokens_per_s_per_gpu = tokens / est.step_time / G
@@ -233,6 +235,22 @@ def _stage(p, r, c):
     from ..parallel.pipeline.actions import stage_of
 
     return stage_of(p, r, c)
+
+
+def _optimizer_seconds(timer, layers, r, dims, ctx):
+    """Seconds of rank r's optimizer update (one kernel over what it updates, as the
+    data-parallel strategies charge it: :meth:`emulator.parallel.base.DataParallelStrategy.charge_update`)."""
+    from ..machine import elementwise
+
+    groups = {"dense": dims.dp * dims.cp, "experts": dims.dp * dims.cp // dims.ep}
+    n = 0
+    for c in range(dims.v):
+        for x in layers[c][r]:
+            for group, elems in x.params.items():
+                size = groups[group]
+                n += elems if (dims.zero_stage == 0 or size == 1) else -(-elems // size)
+    kernels = elementwise.optimizer_update(ctx.stack, n, ctx.precision, ctx.array)
+    return timer.ops(kernels, r)
 
 
 def _executed_flops(layers, dims):
