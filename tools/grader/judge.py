@@ -44,21 +44,25 @@ def ended(label, message):
     return status, detail
 
 
-def raised(errors):
-    """``(status, message)`` for a check cell that raised before its check could report."""
+def raised(errors, answer_errors):
+    """``(status, message)`` for a check cell that raised before its check could report;
+    ``answer_errors``: what the exercise's own cell raised, if anything (often the cause)."""
     ename, evalue = errors[-1]
     if ename == "KeyboardInterrupt":
         return FAIL, INTERRUPTED
-    return FAIL, f"its check cell raised {ename}: {first_line(evalue)}"
+    cause = "; the exercise's cell itself raised {}: {}".format(*answer_errors[-1]) if answer_errors else ""
+    return FAIL, f"its check cell raised {ename}: {first_line(evalue)}{first_line(cause)}"
 
 
 def judge(plan, cells, problems, stopped, completed):
     """``{"exercises": {label: [status, message]}, "tampered": [why], "stopped": why}`` from
     the run's cells (``role``, ``ran``, ``died``, ``errors``, ``messages``), the channel's
     ``problems``, why the run stopped early ("" if it did not) and whether it reached its end."""
-    tampered, found, closed = list(problems), {}, False
+    tampered, found, closed, answer_errors = list(problems), {}, False, {}
     for cell in cells:
         role, messages = cell["role"], cell["messages"]
+        if role["role"] == "exercise":
+            answer_errors[role["label"]] = cell["errors"]
         for m in messages:
             if m["kind"] == "tamper":
                 tampered += m.get("problems", [])
@@ -78,7 +82,7 @@ def judge(plan, cells, problems, stopped, completed):
         elif cell["died"]:
             continue  # NOT RUN, with why the run stopped
         elif cell["errors"]:
-            found[label] = raised(cell["errors"])
+            found[label] = raised(cell["errors"], answer_errors.get(label))
         elif not starts:
             tampered.append(f"{label}: its check cell ran, but the course's check did not report: something in the "
                             f"notebook replaced what that cell calls")

@@ -100,7 +100,7 @@ class Run:
         self.reader = Reader(channel, key, run)
         self.km = KernelManager(kernel_name="course-sandbox", kernel_spec_manager=kernel_spec(private, config))
         self.cells, self.stopped, self.timed_out, self.completed, self.hello = [], "", False, False, {}
-        self.kernel_pid, self.left = None, []
+        self.kernel_pid, self.left, self.log = None, [], private / "kernel.log"
 
     def _kill(self):
         self.timed_out = True
@@ -119,7 +119,7 @@ class Run:
         watchdog = threading.Timer(self.plan["timeout"], self._kill)
         watchdog.start()
         try:
-            with client.setup_kernel(env=kernel_env(self.copy)):
+            with open(self.log, "w") as log, client.setup_kernel(env=kernel_env(self.copy), stdout=log, stderr=log):
                 self.kernel_pid = getattr(self.km.provisioner, "pid", None)
                 hello = self.reader.read()
                 self.hello = hello[0] if hello and hello[0]["kind"] == "hello" else {}
@@ -128,7 +128,9 @@ class Run:
                     return
                 self._cells(client, grading, roles)
         except Exception as exc:  # noqa: BLE001 -- the kernel would not start: say why
-            self.stopped = self.stopped or f"the kernel could not start: {type(exc).__name__}: {exc}"[:300]
+            said = [line for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
+            self.stopped = self.stopped or (f"the kernel could not start: {type(exc).__name__}: {exc}"[:200]
+                                            + (f"; it said: {said[-1][:300]}" if said else ""))
         finally:
             watchdog.cancel()
             self._shutdown(client)

@@ -8,7 +8,30 @@ When one student hands in two files for one lesson, the newer (by modification t
 by name) is the one that counts; both are reported.
 """
 
+import json
 from pathlib import Path
+
+
+class BadFile(ValueError):
+    """A submitted file that cannot be graded; the message says why and what to do."""
+
+
+def read_json(path, what):
+    """The JSON value in the file at ``path`` (``what``: "a notebook", "an answer file"),
+    or BadFile saying what is wrong with it: empty, not UTF-8, not JSON."""
+    data = Path(path).read_bytes()
+    if not data.strip():
+        raise BadFile(f"the file is empty: hand in {what} as it was saved")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadFile(f"not UTF-8 text (byte {exc.start} is {data[exc.start:exc.start + 1]!r}): {what} is a UTF-8 "
+                      f"JSON file; hand it in as it was saved") from None
+    try:
+        return json.loads(text), text
+    except json.JSONDecodeError as exc:
+        raise BadFile(f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}): the file is damaged or "
+                      f"not {what}") from None
 
 
 def find(folder, suffix):

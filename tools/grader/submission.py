@@ -16,36 +16,23 @@ notebook with none of its lesson's exercises is an error, not an empty grade.
 """
 
 import copy
-import json
 import re
 from pathlib import Path
 
 import nbformat
 
 from tools import build_notebooks as B
+from tools.grader.students import BadFile, read_json
 from tools.lesson_sources import exercise_id, exercise_names, exercises, sha256
 
 DEFINES = re.compile(r"^(?:async\s+)?(?:def|class)\s+(\w+)", re.M)
 
 
-class BadSubmission(ValueError):
-    """The file cannot be graded; the message says why and what to do."""
+BadSubmission = BadFile
 
 
 def read_notebook(path):
-    data = Path(path).read_bytes()
-    if not data.strip():
-        raise BadSubmission("the file is empty: hand in the saved notebook (File > Save, then the .ipynb file)")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadSubmission(f"not UTF-8 text (byte {exc.start} is {data[exc.start:exc.start + 1]!r}): a notebook "
-                            f"is a UTF-8 JSON file; hand in the .ipynb as JupyterLab saved it") from None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BadSubmission(f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}): the file is damaged "
-                            f"or not a notebook") from None
+    raw, text = read_json(path, "a notebook")
     if not isinstance(raw, dict) or not isinstance(raw.get("cells", raw.get("worksheets")), list):
         raise BadSubmission("JSON, but not a notebook: it has no list of cells")
     try:
