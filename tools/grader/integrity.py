@@ -52,12 +52,16 @@ def _parts(fn, depth=2):
     return parts
 
 
+CHANGED = {"__code__": "its code was replaced", "__defaults__": "its defaults were changed",
+           "__kwdefaults__": "its keyword defaults were changed",
+           None: "the function it wraps, or that function's code, was replaced"}
+
+
 def _describe(where, old_parts, new_parts):
-    for part, old, new in zip(FUNCTION_PARTS + ("closure",) * 99, old_parts, new_parts):
+    for index, (old, new) in enumerate(zip(old_parts, new_parts)):
         if old is not new:
-            what = {"__code__": "its code", "__defaults__": "its defaults", "__kwdefaults__": "its keyword defaults",
-                    "closure": "the function it wraps, or that function's code,"}[part]
-            return f"{where}: {what} was replaced"
+            part = FUNCTION_PARTS[index] if index < len(FUNCTION_PARTS) else None
+            return f"{where}: {CHANGED[part]}"
     return f"{where}: what it wraps changed"
 
 
