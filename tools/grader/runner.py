@@ -25,7 +25,8 @@ from pathlib import Path
 
 import nbformat
 from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_client.manager import KernelManager
+from jupyter_client.manager import AsyncKernelManager
+from jupyter_core.utils import run_sync
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
@@ -98,7 +99,8 @@ class Run:
             "packages": ["emulator"] + HIDDEN, "roots": [str(root)], "memory_mb": plan["memory_mb"],
             "cpu_s": plan["timeout"] + 60}))
         self.reader = Reader(channel, key, run)
-        self.km = KernelManager(kernel_name="course-sandbox", kernel_spec_manager=kernel_spec(private, config))
+        # asynchronous, as nbclient's own: a blocking client would wait on a dead kernel's output for ever
+        self.km = AsyncKernelManager(kernel_name="course-sandbox", kernel_spec_manager=kernel_spec(private, config))
         self.cells, self.stopped, self.timed_out, self.completed, self.hello = [], "", False, False, {}
         self.kernel_pid, self.left, self.log = None, [], private / "kernel.log"
 
@@ -163,7 +165,7 @@ class Run:
             if client.kc is not None:
                 client.kc.stop_channels()
             if self.km.has_kernel:
-                self.km.shutdown_kernel(now=True)
+                run_sync(self.km.shutdown_kernel)(now=True)
         except Exception:  # noqa: BLE001 -- it is killed below in any case
             pass
         self.left = sorted(processes.end(lambda: processes.descendants(os.getpid())) - {self.kernel_pid})
