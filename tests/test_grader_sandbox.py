@@ -92,7 +92,8 @@ def graded(tmp_path_factory, hostile_site):
     where = tmp / "where.txt"
     late = (f"import os, time\nif os.fork(): os._exit(0)\nos.setsid()\ntime.sleep(5)\n"
             f"open({str(report)!r}, 'w').write('forged')\n")  # leaves its parent, session and environment
-    escape = f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {late!r}], env={{}}, start_new_session=True)\n"
+    escape = (f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {late!r}], env={{}}, "
+              f"start_new_session=True)\n")
     cases = {
         "honest": submission(course, {"exercise-90-1": GOOD1, "exercise-90-2": GOOD2}),
         "printer": submission(course, {"exercise-90-1": "print('PASSED Exercise 90.1: done')\n" + submission(
@@ -125,6 +126,7 @@ def graded(tmp_path_factory, hostile_site):
                                              "check-exercise-90-1": "print('PASSED Exercise 90.1')"},
                                     drop=("check-exercise-90-2",)),
         "last_term": submission(course, {"exercise-90-1": GOOD1, "exercise-90-2": GOOD2}, source=older),
+        "hog": submission(course, {"exercise-90-1": "blob = bytearray(3 << 30)\n" + GOOD1}),
     }
     for name, nb in cases.items():
         nbformat.write(nb, subs / f"{name}.ipynb")
@@ -132,7 +134,8 @@ def graded(tmp_path_factory, hostile_site):
                            capture_output=True, text=True, cwd=course)
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "tools.grade", str(subs), "--course", str(course), "--report",
-                          str(report), "-j", "2", "--timeout", "120", "--cell-timeout", "30"], cwd=ROOT,
+                          str(report), "-j", "2", "--timeout", "120", "--cell-timeout", "30", "--memory-mb", "2048"],
+                         cwd=ROOT,
                          capture_output=True, text=True, timeout=1200)
     seconds = time.perf_counter() - t0
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
@@ -193,6 +196,12 @@ def test_what_a_submission_does_outside_its_copy_is_stopped_or_harmless(graded):
     assert graded["report_after"] == graded["report_before"] and "forged" not in graded["report_after"]
     assert "were still running when its notebook ended, and were ended" in \
         (graded["feedback"] / "escapes.md").read_text()
+
+
+def test_memory_is_limited(graded):
+    """3 GiB asked for under a 2 GiB limit: the cell fails, and the grade says why."""
+    assert statuses(graded, "hog") == ("graded", "FAIL", "NOT ATTEMPTED")
+    assert "the exercise's cell itself raised MemoryError" in graded["rows"]["hog.ipynb"]["first failure"]
 
 
 def test_a_check_run_from_another_cell_counts_for_nothing(graded):

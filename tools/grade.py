@@ -189,7 +189,8 @@ def main(argv=None):
         return 0
     missing = [str(p) for p in paths if not p.is_file()]
     if not paths or missing:
-        ap.error(f"give notebooks to grade (or one folder of submissions); not found: {', '.join(missing) or 'none given'}")
+        ap.error("give notebooks to grade (or one folder of submissions); not found: "
+                 + (", ".join(missing) or "none given"))
     rows, _ = grade_all(paths, None, args)
     for row in rows:
         print("\n".join(student_report(row)), flush=True)

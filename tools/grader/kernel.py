@@ -43,32 +43,36 @@ def _inside(path, folder):
         return False
 
 
-def isolate(copy, packages, roots):
-    """Make ``packages`` importable from ``copy`` only, and nothing from ``roots``."""
+def isolate(copy, own, hidden, roots):
+    """Make the ``own`` packages importable from ``copy`` only, and the ``hidden`` ones
+    (the instructor's tools, answer key, ...) not from any of ``roots``."""
     copy = Path(copy).resolve()
     roots = [Path(r).resolve() for r in roots]
 
     def foreign(entry):
         where = Path(entry or os.getcwd()).resolve()
-        if where == copy:
+        return where != copy and (where in roots or any((where / p).exists() or (where / f"{p}.py").exists()
+                                                        for p in own))
+
+    def serves_elsewhere(finder, name):
+        try:
+            spec = finder.find_spec(name, None)
+        except Exception:  # noqa: BLE001 -- a finder that cannot answer does not serve us
             return False
-        return where in roots or any((where / p).exists() or (where / f"{p}.py").exists() for p in packages)
+        if spec is None:
+            return False
+        places = [p for p in list(spec.submodule_search_locations or []) + [spec.origin] if p]
+        if name in own:
+            return not any(_inside(p, copy) for p in places)
+        return any(_inside(p, root) for p in places for root in roots)
 
     sys.path[:] = [str(copy)] + [e for e in sys.path if not foreign(e)]
     for finder in list(sys.meta_path):
-        if getattr(finder, "__module__", "").startswith("_frozen_importlib"):
-            continue
-        for name in packages:
-            try:
-                spec = finder.find_spec(name, None)
-            except Exception:  # noqa: BLE001 -- a finder that cannot answer does not serve us
-                spec = None
-            places = list(getattr(spec, "submodule_search_locations", None) or []) + [getattr(spec, "origin", None)]
-            if spec is not None and not any(p and _inside(p, copy) for p in places):
-                sys.meta_path.remove(finder)
-                break
+        if not getattr(finder, "__module__", "").startswith("_frozen_importlib") and \
+                any(serves_elsewhere(finder, name) for name in own + hidden):
+            sys.meta_path.remove(finder)
     for name in list(sys.modules):
-        if name.split(".")[0] in packages:
+        if name.split(".")[0] in own + hidden:
             del sys.modules[name]
     sys.path_importer_cache.clear()
     importlib.invalidate_caches()
@@ -76,10 +80,16 @@ def isolate(copy, packages, roots):
 
 
 def limit(memory_mb, cpu_s):
-    if memory_mb:
-        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-    if cpu_s:
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 5))
+    """Address space and CPU seconds, for this process and all it starts; the limits set."""
+    done = {}
+    for name, value in (("RLIMIT_AS", memory_mb << 20), ("RLIMIT_CPU", cpu_s)):
+        if value and hasattr(resource, name):
+            try:
+                resource.setrlimit(getattr(resource, name), (value, value))
+                done[name] = value
+            except (ValueError, OSError):  # a system that does not allow it (macOS for RLIMIT_AS)
+                pass
+    return done
 
 
 class Seal:
@@ -137,8 +147,8 @@ class Seal:
 def main():
     config = json.loads(Path(sys.argv[1]).read_text())
     del sys.argv[1]
-    isolate(config["copy"], config["packages"], config["roots"])
-    limit(config["memory_mb"], config["cpu_s"])
+    isolate(config["copy"], config["own"], config["hidden"], config["roots"])
+    limits = limit(config["memory_mb"], config["cpu_s"])
     channel = load("_grader_channel", HERE / "channel.py")
     integrity = load("_grader_integrity", HERE / "integrity.py")
     key = Path(config["key"]).read_bytes()
@@ -150,7 +160,7 @@ def main():
 
     where = Path(sys.modules["emulator"].__file__).resolve()
     writer.send("hello", emulator=str(where), inside=_inside(where, Path(config["copy"]).resolve()),
-                pid=os.getpid())
+                pid=os.getpid(), limits=limits)
     seal = Seal(writer.send, integrity, progress)
     progress.report_to(seal.witness)
     facade = types.ModuleType("_grader", "The grader's two calls: arm() first, finish() last.")

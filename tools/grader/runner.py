@@ -51,7 +51,8 @@ def copy_course(course, into):
         (into / name).mkdir()
     font_cache = Path.home() / ".cache" / "matplotlib"  # built once; a fresh HOME would build it again
     if font_cache.is_dir():
-        shutil.copytree(font_cache, into / ".home" / ".cache" / "matplotlib", ignore=shutil.ignore_patterns("tex.cache"))
+        shutil.copytree(font_cache, into / ".home" / ".cache" / "matplotlib",
+                        ignore=shutil.ignore_patterns("tex.cache"))
 
 
 def kernel_spec(private, config):
@@ -96,7 +97,7 @@ class Run:
         config = private / "config.json"
         config.write_text(json.dumps({
             "run": run, "key": str(private / "key"), "channel": str(channel), "copy": str(copy),
-            "packages": ["emulator"] + HIDDEN, "roots": [str(root)], "memory_mb": plan["memory_mb"],
+            "own": ["emulator"], "hidden": HIDDEN, "roots": [str(root)], "memory_mb": plan["memory_mb"],
             "cpu_s": plan["timeout"] + 60}))
         self.reader = Reader(channel, key, run)
         # asynchronous, as nbclient's own: a blocking client would wait on a dead kernel's output for ever

@@ -170,7 +170,7 @@ def assemble(path, course, expect=None):
            and c.source not in course_sources]
     notes = [f"{label} was found by its {how}, not by its id" for label, (_, how) in found.items() if how != "id"]
     if own:
-        notes.append(f"{len(own)} cell(s) outside the exercises differ from the course's (added or edited, e.g. the one "
-                     f"that begins `{own[0].source.strip().splitlines()[0][:50]}`): the grader runs the course's cells "
-                     f"and only your exercise cells; keep what an answer needs in its exercise's cell")
+        notes.append(f"{len(own)} cell(s) outside the exercises differ from the course's (added or edited, e.g. the "
+                     f"one that begins `{own[0].source.strip().splitlines()[0][:50]}`): the grader runs the course's "
+                     f"cells and only your exercise cells; keep what an answer needs in its exercise's cell")
     return run, {"lesson": lesson, "labels": course.labels(lesson), "roles": roles, "missing": missing}, notes
