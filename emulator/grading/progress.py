@@ -2,8 +2,7 @@
 end of a lesson lists each exercise as passed, failed or not attempted.
 
 A check ends in one of three ways, and says so in one line that begins with its label
-(``Exercise 3.1``, ``Napkin 0.2``, ``Problem 8.1``), so a person and the grader
-(``tools/grade.py``) read the same thing:
+(``Exercise 3.1``, ``Napkin 0.2``, ``Problem 8.1``), so that a person finds it at once:
 
 * ``PASSED Exercise 3.1: ...``: printed by the check (:func:`.common.passed`);
 * ``NOT ATTEMPTED Exercise 3.1: ...``: the exercise's stub still raises
