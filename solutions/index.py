@@ -40,7 +40,9 @@
 # 3. At each exercise, replace `raise NotImplementedError("Exercise N.k: ...")` with your
 #    code, run that cell, then the **check cell** under it. A check prints
 #    `PASSED Exercise N.k: ...`, or stops with a `CheckFailed` whose first line says what
-#    differs. A wrong answer stops Run All at its check, so you see it there.
+#    differs. A wrong answer stops Run All at its check, so you see it there. Keep all of an
+#    answer (helpers included) in the exercise's own cell: grading takes only those cells
+#    from your notebook and runs the course's for the rest.
 # 4. Napkin problems work the same way: a function returns your numbers; the check calls it
 #    with the problem's numbers and with others, and compares each with the model.
 # 5. The last cell, *Where you stand*, lists every exercise of the lesson as passed,
@@ -58,9 +60,10 @@
 # make grade LESSON=03
 # ```
 #
-# runs the saved `lessons/03_pipeline.ipynb` from the top in a fresh kernel (so it grades
-# what you saved, not what your open kernel remembers) and prints one line per exercise,
-# by its name:
+# runs the lesson from the top in a fresh kernel, with your exercise cells from the saved
+# `lessons/03_pipeline.ipynb` (so it grades what you saved, not what your open kernel
+# remembers) and the course's own cells around them, and prints one line per exercise, by
+# its name:
 #
 # ```
 # lessons/03_pipeline.ipynb: 2 of 6 exercises passed (ran in 23 s)
@@ -95,19 +98,23 @@
 # ## For instructors
 #
 # Hand out `lessons/` and keep `solutions/` as the answer key. To grade a folder of filled
-# notebooks:
+# notebooks (one per student, or one folder per student):
 #
 # ```
-# .venv/bin/python -m tools.grade SUBMISSIONS_DIR --report grades.csv
+# .venv/bin/python -m tools.grade SUBMISSIONS_DIR --report grades.csv -j 2
 # ```
 #
-# runs each in its own process with a time limit (a cell that runs too long is
-# interrupted, a submission that kills its kernel or never ends costs only its own time),
-# and writes one row per student: PASS, FAIL, NOT ATTEMPTED or NOT RUN for every exercise
-# by its name, and the first failure's message. `pytest --nbval-lax` works too: an
-# unfinished lesson fails at its last cell. Problem sets with different numbers for every
-# student (the napkins of the lessons and Problems 8.1 to 8.4; answers are JSON,
-# graded against the same functions as the checks):
+# grades each submission on the course's own notebook with only its exercise cells taken
+# from the student's file, in a fresh copy of the course with time and memory limits, and
+# writes one row per file (the student, the lesson, PASS, FAIL, NOT ATTEMPTED, NOT RUN or
+# NOT FOUND and the points of every exercise, the total, which of a student's files counts)
+# and a feedback file per student with each check's message. A submission that tampers
+# with the checks is reported `TAMPERED`; a file that cannot be graded gets an `ERROR` row.
+# What the grader guards against, and the container that guards against the rest, are in
+# the README ("Grading a class"). `pytest --nbval-lax` works too: an unfinished lesson
+# fails at its last cell. Problem sets with different numbers for every student (the
+# napkins of the lessons and Problems 8.1 to 8.4; answers are JSON, graded against the same
+# functions as the checks):
 #
 # ```
 # .venv/bin/python -m tools.problem_set make --students alice,bob --out sheets/

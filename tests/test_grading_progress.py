@@ -215,3 +215,26 @@ def test_a_check_called_by_a_check_reports_once():
     progress.check(outer, "Exercise 9.1")(lambda: stub_1f1b(1, 1))
     assert calls == ["inner"]
     assert set(progress.outcomes()) == {"Exercise 9.1"}
+
+
+def test_a_witness_hears_each_check_start_and_how_it_ended():
+    """What a grader is told (progress.report_to): the outer check only, with its outcome
+    as the wrapper saw it end, whatever the check's code recorded on the way."""
+    heard = []
+    progress.report_to(lambda event, label, status="", detail="": heard.append((event, label, status)))
+    try:
+        progress.in_lesson()
+        g3.check_one_f_one_b(stub_1f1b)
+        with pytest.raises(CheckFailed):
+            check = progress.check(lambda: passed("Exercise 9.1", "said by the answer") or 1 / 0, "Exercise 9.1")
+            check()
+        nested = progress.check(lambda: progress.check(lambda: None, "Exercise 9.3")(), "Exercise 9.2")
+        nested()
+        with pytest.raises(KeyboardInterrupt):
+            progress.check(lambda: (_ for _ in ()).throw(KeyboardInterrupt), "Exercise 9.4")()
+    finally:
+        progress.report_to(None)
+    assert heard == [("start", "Exercise 3.1", ""), ("end", "Exercise 3.1", progress.NOT_ATTEMPTED),
+                     ("start", "Exercise 9.1", ""), ("end", "Exercise 9.1", progress.FAILED),
+                     ("start", "Exercise 9.2", ""), ("end", "Exercise 9.2", progress.PASSED),
+                     ("start", "Exercise 9.4", ""), ("end", "Exercise 9.4", progress.STOPPED)]

@@ -10,6 +10,7 @@ filled-in lesson trips no test and is never overwritten by a rebuild.
 """
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -235,6 +236,44 @@ def test_a_students_lesson_is_not_stale_and_no_rebuild_erases_it(tmp_path):
     assert not B.edits(old)
     old.cells[[i for i, c in enumerate(old.cells) if "NotImplementedError" in c.source][0]].source = "x = 1"
     assert B.edits(old)
+
+
+def test_a_rebuild_copies_a_lesson_that_may_hold_work_before_it_replaces_it(tmp_path, monkeypatch, capsys):
+    """``make notebooks FORCE=1``, a lesson without course metadata, one of an older format,
+    one that cannot be read: each is copied to ``lessons/.backup/`` (dated, named in the
+    output) before it is replaced; a lesson as built is replaced with no copy."""
+    lessons = tmp_path / "lessons"
+    lessons.mkdir()
+    path = lessons / "03_pipeline.ipynb"
+
+    def replaced(nb=None, text=None, force=False):
+        nbformat.write(nb, path) if nb is not None else path.write_text(text)
+        before = path.read_bytes()
+        written = B.write_lesson(PIPELINE, path, force=force)
+        assert written and B.freshness(path, PIPELINE) == ("fresh", "")
+        return written.backup, before
+
+    backup, before = replaced(filled_in(PIPELINE), force=True)
+    assert backup.parent == lessons / ".backup" and backup.read_bytes() == before
+    assert re.fullmatch(r"03_pipeline\.\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d(-\d+)?\.ipynb", backup.name), backup.name
+    assert B.write_lesson(PIPELINE, path, force=True).backup is None  # as built: nothing to keep
+    bare = filled_in(PIPELINE)
+    bare.metadata = {}
+    for nb in (bare, B.render(PIPELINE, "lessons")):  # no course metadata; an older format (no fingerprint)
+        nb.metadata.get("course", {}).pop("cells_sha256", None)
+        backup, before = replaced(nb)
+        assert backup.read_bytes() == before
+    backup, before = replaced(text="{not a notebook")
+    assert backup.read_bytes() == before
+    assert len(set((lessons / ".backup").iterdir())) == 4  # one copy each, none overwritten
+    old = B.render(PIPELINE, "lessons")  # older format and edited: kept, as before, unless forced
+    del old.metadata["course"]["cells_sha256"]
+    old.cells[[i for i, c in enumerate(old.cells) if "NotImplementedError" in c.source][0]].source = "x = 1"
+    nbformat.write(old, path)
+    assert not B.write_lesson(PIPELINE, path)
+    monkeypatch.setattr(B, "build", lambda src, force=False: ([], None, B.ROOT / "lessons" / ".backup" / "x.ipynb"))
+    B.main(["03"])
+    assert "backed up the lesson it replaced, as it was, to lessons/.backup/x.ipynb" in capsys.readouterr().out
 
 
 def test_a_hand_edited_generated_notebook_is_stale(tmp_path):

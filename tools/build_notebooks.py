@@ -19,13 +19,21 @@ the source's path and sha256 and a fingerprint of the cells as built, so a test 
 they are stale, and a lesson whose cells were changed since (a student's answers) is never
 overwritten without ``--force``. ``solutions/index.py``, which has no code, becomes the
 course map ``lessons/index.md`` (a page, so opening it starts no kernel).
+
+An exercise's cell and its check cell have ids made from the exercise's label
+(``exercise-0-4`` and ``check-exercise-0-4`` for Exercise 0.4; its title may change) and
+carry the label in their metadata, so the grader finds a student's answers in a notebook
+built from an older version of the lesson; other cells are numbered by position.
+
+A lesson notebook that is replaced while it may hold work (cells edited and ``--force``
+given; no course metadata; built before fingerprints; unreadable) is first copied to
+``lessons/.backup/NAME.YYYY-MM-DDTHH-MM-SS.ipynb``, and the output names the copy.
 """
 
 import argparse
 import hashlib
-import os
 import json
-import re
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,71 +43,18 @@ import nbformat
 from ipykernel.ipkernel import IPythonKernel
 from nbclient import NotebookClient
 
+from tools.backups import Written, back_up, holds_work
+from tools.lesson_sources import (BEGIN, END, LABEL, check_id, exercise_id, exercise_names,  # noqa: F401
+                                  exercises, label_cells, sha256, sources, split_solutions)
+from tools.lesson_sources import cell_id
+
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # for the kernels it starts (see the Makefile)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 SOURCES = ROOT / "solutions"
-BEGIN = re.compile(r"^(?P<indent>\s*)### BEGIN SOLUTION(?::\s*(?P<name>.*))?\s*$")
-END = re.compile(r"^\s*### END SOLUTION\s*$")
-LABEL = re.compile(r"(?:Exercise|Napkin|Problem) \d+\.\d+")
 # What JupyterLab writes when a kernel starts: written in full, opening a notebook changes nothing.
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 LANGUAGE_INFO = dict(IPythonKernel.language_info)
-
-
-def sources(prefix=""):
-    return sorted(p for p in SOURCES.glob("*.py") if p.name.startswith(prefix))
-
-
-def sha256(path):
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def split_solutions(code, keep):
-    """Drop the markers (``keep=True``) or replace each block by a stub (``keep=False``)."""
-    out, inside, names = [], False, []
-    for line in code.splitlines():
-        m = BEGIN.match(line)
-        if m:
-            if inside:
-                raise ValueError(f"nested ### BEGIN SOLUTION: {line!r}")
-            inside = True
-            name = m.group("name") or "exercise"
-            names.append(name)
-            if not keep:
-                out.append(f'{m.group("indent")}raise NotImplementedError("{name}")')
-            continue
-        if END.match(line):
-            if not inside:
-                raise ValueError("### END SOLUTION without BEGIN")
-            inside = False
-            continue
-        if keep or not inside:
-            out.append(line)
-    if inside:
-        raise ValueError("### BEGIN SOLUTION without END")
-    return "\n".join(out), names
-
-
-def exercises(src):
-    """Names of the exercises' answers in a source, in order (one exercise may have several)."""
-    names = []
-    for cell in jupytext.read(src, fmt="py:percent").cells:
-        if cell.cell_type == "code":
-            names += split_solutions(cell.source, keep=True)[1]
-    return names
-
-
-def exercise_names(src):
-    """One name per exercise, in order: the first answer's name for each label."""
-    seen = {}
-    for name in exercises(src):
-        m = LABEL.match(name)
-        if not m:
-            raise ValueError(f"{src.name}: the answer {name!r} does not begin with its exercise's label "
-                             f"(Exercise N.k, Napkin N.k or Problem N.k)")
-        seen.setdefault(m.group(0), name)
-    return list(seen.values())
 
 
 def summary_cells(src, names):
@@ -115,8 +70,8 @@ def summary_cells(src, names):
             nbformat.v4.new_code_cell(code, metadata={"tags": ["summary"]})]
 
 
-def provenance(src):
-    rel = src.relative_to(ROOT).as_posix()
+def provenance(src, root=ROOT):
+    rel = src.relative_to(root).as_posix()
     return f"Built from `{rel}` by `tools/build_notebooks.py`."
 
 
@@ -127,9 +82,10 @@ def fingerprint(nb):
     return hashlib.sha256(json.dumps(cells, ensure_ascii=False).encode()).hexdigest()
 
 
-def render(src, kind):
+def render(src, kind, root=ROOT):
     """The notebook for ``kind`` ("solutions" or "lessons"), not executed."""
     nb = jupytext.read(src, fmt="py:percent")
+    label_cells(nb)
     for cell in nb.cells:
         cell.metadata.pop("lines_to_next_cell", None)
         if cell.cell_type == "code":
@@ -137,14 +93,14 @@ def render(src, kind):
     names = exercise_names(src)
     if names:
         nb.cells += summary_cells(src, names)
-    nb.cells.append(nbformat.v4.new_markdown_cell(f"<sub>{provenance(src)}</sub>",
+    nb.cells.append(nbformat.v4.new_markdown_cell(f"<sub>{provenance(src, root)}</sub>",
                                                   metadata={"tags": ["provenance"]}))
     for i, cell in enumerate(nb.cells):
-        cell["id"] = f"{kind[0]}{i:03d}"
+        cell["id"] = cell_id(cell, kind, i)
     nb.metadata = {
         "kernelspec": dict(KERNELSPEC),
         "language_info": json.loads(json.dumps(LANGUAGE_INFO)),
-        "course": {"source": src.relative_to(ROOT).as_posix(), "source_sha256": sha256(src),
+        "course": {"source": src.relative_to(root).as_posix(), "source_sha256": sha256(src),
                    "generated_by": "tools/build_notebooks.py"},
     }
     nb.metadata["course"]["cells_sha256"] = fingerprint(nb)
@@ -179,6 +135,11 @@ def lesson_path(src):
     return ROOT / "lessons" / (src.stem + (".ipynb" if exercises(src) else ".md"))
 
 
+def layout(cell):
+    """What the build decides about a cell: its kind, source, id and course metadata."""
+    return cell.cell_type, cell.source, cell.get("id"), cell.metadata.get("course")
+
+
 def freshness(path, src):
     """Whether the generated ``path`` is what ``src`` builds: ``("fresh", "")``,
     ``("stale", why)``, or, for a lesson notebook someone has worked in (cells changed,
@@ -203,7 +164,7 @@ def freshness(path, src):
         return "stale", (f"{rel} was built from an older {src_rel} and holds work done in it, which `make "
                          f"notebooks` keeps rather than erase: to get the new lesson, rename your copy (e.g. "
                          f"{Path(rel).stem}.mine.ipynb), then run `make notebooks`")
-    same = [(c.cell_type, c.source) for c in nb.cells] == [(c.cell_type, c.source) for c in fresh.cells]
+    same = [layout(c) for c in nb.cells] == [layout(c) for c in fresh.cells]
     return ("fresh", "") if current and same else ("stale", rebuild)
 
 
@@ -214,47 +175,59 @@ def execute(nb, cwd):
 
 
 def build(src, force=False):
-    """Write the notebooks of ``src``; return (written paths, kept lesson or None)."""
+    """Write the notebooks of ``src``; return (written paths, kept lesson or None, backup or None)."""
     out = []
     path = lesson_path(src)
     if not exercises(src):
         path.write_text(render_index(src))
-        return [path], None
+        return [path], None, None
     sol = execute(render(src, "solutions"), SOURCES)
     sol_path = SOURCES / (src.stem + ".ipynb")
     nbformat.write(sol, sol_path)
     out.append(sol_path)
-    if not write_lesson(src, path, force):
-        return out, path
+    written = write_lesson(src, path, force)
+    if not written:
+        return out, path, None
     out.append(path)
-    return out, None
+    return out, None, written.backup
 
 
 def write_lesson(src, path, force=False):
     """Write the student notebook of ``src`` to ``path``, unless ``path`` holds a notebook
-    whose cells were changed since it was built (and ``force`` is false): False then."""
-    if path.exists() and not force and edits(nbformat.read(path, 4)):
-        return False
+    whose cells were changed since it was built (and ``force`` is false): False then.
+    A notebook replaced while it may hold work (edited and forced; without course metadata,
+    of an older format, or unreadable) is first copied to ``.backup/`` (``Written.backup``)."""
+    backup = None
+    if path.exists():
+        nb, unknown = holds_work(path)
+        edited = nb is not None and not unknown.startswith("it has no course") and edits(nb)
+        if edited and not force:
+            return False
+        if edited or unknown:
+            backup = back_up(path)
     stub = render(src, "lessons")
     for cell in stub.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     nbformat.write(stub, path)
-    return True
+    return Written(backup)
 
 
 def kept_message(path):
     rel = path.relative_to(ROOT)
     return (f"kept {rel}: its cells were changed since it was built (your answers?), and rebuilding would "
             f"erase them. To keep them, rename it (e.g. {rel.stem}.mine.ipynb) and build again; to replace it "
-            f"anyway, `python -m tools.build_notebooks --force {rel.stem[:2]}`.")
+            f"anyway, `python -m tools.build_notebooks --force {rel.stem[:2]}` (a copy goes to "
+            f"{rel.parent}/.backup/ first).")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("prefix", nargs="?", default="", help="build the sources whose name starts with this")
-    ap.add_argument("--force", action="store_true", help="replace lesson notebooks even if their cells were edited")
+    ap.add_argument("--force", action="store_true",
+                    help="replace lesson notebooks even if their cells were edited (each is first copied to "
+                         "lessons/.backup/)")
     args = ap.parse_args(argv)
     todo = sources(args.prefix)
     if not todo:
@@ -263,7 +236,9 @@ def main(argv=None):
     for src in todo:
         print(f"building {src.relative_to(ROOT)} ...", flush=True)
         t0 = time.perf_counter()
-        written, keep = build(src, force=args.force)
+        written, keep, backup = build(src, force=args.force)
+        if backup:
+            print(f"  backed up the lesson it replaced, as it was, to {backup.relative_to(ROOT)}", flush=True)
         for path in written:
             print(f"  wrote {path.relative_to(ROOT)}", flush=True)
         if keep:

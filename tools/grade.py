@@ -1,261 +1,201 @@
-"""Grade lesson notebooks exercise by exercise.
+"""Grade lesson notebooks exercise by exercise, each in its own sandbox, on the course's checks.
 
-    python -m tools.grade lessons/03_pipeline.ipynb            # one line per exercise
-    python -m tools.grade SUBMISSIONS_DIR --report grades.csv  # one row per submission
-    make grade LESSON=03                                       # the first, for lessons/03_*
+    python -m tools.grade lessons/03_pipeline.ipynb             # one line per exercise
+    python -m tools.grade SUBMISSIONS_DIR --report grades.csv   # one row per submitted file
+    python -m tools.grade SUBMISSIONS_DIR -j 2 --lesson 00      # two at a time; lesson 00 only
+    python -m tools.grade SUBMISSIONS_DIR --container podman    # each in a container (README)
+    make grade LESSON=03                                        # the first, for lessons/03_*
 
-Each notebook runs from the top in a fresh kernel, in a process of its own that is killed
-after ``--timeout`` seconds, so a submission that loops forever or kills its kernel costs
-at most that and never stops the others. A failing cell does not stop the run, and a cell
-that runs longer than ``--cell-timeout`` is interrupted, so every exercise whose check can
-run is graded. Every exercise of the lesson (as its source ``solutions/NN_name.py`` names
-them) gets one of:
+A submission is graded on the course's own notebook, built from its source: only its
+exercise cells are the student's (found by ids made from the exercises' labels; see
+``tools/grader/submission.py``); every other cell, check cells included, is the course's.
+It runs in a fresh copy of what a student has (``emulator/`` and ``lessons/``, never
+``solutions/`` or ``tools/``), in a kernel that imports that copy's library, under limits
+on wall time per cell (``--cell-timeout``, then the cell is interrupted) and per notebook
+(``--timeout``, then the kernel is killed) and on memory (``--memory-mb``). The checks'
+outcomes come back over a signed channel, never from what the notebook prints; a
+submission that changed the functions the checks run is ``TAMPERED``. Every process a
+submission started is ended before its row is made, and the report is written after
+every kernel has ended. Exercise statuses: ``PASS``, ``FAIL`` (the check's message
+follows), ``NOT ATTEMPTED``, ``NOT RUN`` (its check never ran, and why), ``NOT FOUND``
+(see ``tools/grader/judge.py``). A file that cannot be graded gives an ``ERROR`` row and
+the batch goes on. The report's columns are in ``tools/grader/report.py``; each student
+also gets a feedback file (``--feedback``). The student's form exits with status 1 unless
+every exercise passed.
 
-* ``PASS``: its check printed ``PASSED``;
-* ``FAIL``: its check raised; the check's message follows;
-* ``NOT ATTEMPTED``: its stub still raises ``NotImplementedError``;
-* ``NOT RUN``: its check never ran (the kernel died or the time ran out before it, or
-  its check cell is gone); the reason follows.
-
-Check cells are the cells tagged ``check``; what they print and raise is read as
-:mod:`emulator.grading.progress` writes it. A submission is matched to its lesson by the
-metadata the course's notebooks carry (``course.source``), or by its file name. The
-student's form exits with status 1 unless every exercise passed.
-
-``python -m tools.grade --one NOTEBOOK RESULT.json`` grades one notebook in this process
-(what the other forms run in a child process).
+Every kernel runs as the user who runs this: what that protects against, and what only a
+container does, is in README.md ("Grading a class").
 """
 
 import argparse
-import csv
-import importlib
 import json
-import re
+import os
+import secrets
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
-from nbclient.exceptions import DeadKernelError
 
-from tools import build_notebooks as B
+from tools.grader import container, processes, report, students
+from tools.grader.judge import NOT_FOUND, NOT_RUN, PASS
+from tools.grader.submission import BadSubmission, Course, assemble
 
 ROOT = Path(__file__).resolve().parent.parent
-PASS, FAIL, NOT_ATTEMPTED, NOT_RUN = "PASS", "FAIL", "NOT ATTEMPTED", "NOT RUN"
-LINE = re.compile(rf"^(?P<status>PASSED|NOT ATTEMPTED) (?P<label>{B.LABEL.pattern})\b(?P<rest>.*)$")
-FAILURES = ("CheckFailed", "Refused")  # what a check raises when the answer is wrong
+RUNNERS, RUNNERS_LOCK = set(), threading.Lock()  # the runners alive now: not orphans of this process
 
 
-def lesson_of(nb, path):
-    """The lesson's stem (``00_collectives``) from the notebook's metadata or file name."""
-    source = nb.metadata.get("course", {}).get("source", "")
-    if source and (ROOT / source).exists():
-        return Path(source).stem
-    for key in sorted(p.stem for p in (ROOT / "solutions").glob("[0-9][0-9]_*.py")):
-        if key in path.stem or key[:2] == path.stem[:2]:
-            return key
-    return None
+def row_for(path, folder):
+    sub = str(Path(path).relative_to(folder)) if folder else str(path)
+    return {"path": str(path), "submission": sub, "student": students.student_of(path, folder) if folder
+            else Path(path).stem, "lesson": "", "status": "graded", "why": "", "exercises": [], "notes": [],
+            "seconds": 0.0}
 
 
-def first_line(text, limit=300):
-    line = next((l for l in str(text).splitlines() if l.strip()), "")
-    return line[:limit]
-
-
-def without_label(label, text):
-    """A check's message without the label it begins with."""
-    return text[len(label):].lstrip(":,. ") if text.startswith(label) else text
-
-
-def begins(cell):
-    """How a student finds a cell: its first line of code."""
-    return first_line(cell.source, 60) or "(an empty cell)"
-
-
-def check_label(cell, lesson):
-    """The exercise a check cell grades: that of the lesson's check it calls."""
-    module = importlib.import_module(f"emulator.grading.lesson{lesson[:2]}")
-    for name in re.findall(r"(\w+)\s*\(", cell.source):
-        label = getattr(getattr(module, name, None), "exercise", None)
-        if label:
-            return label
-    return None
-
-
-def outcomes(cells, lesson):
-    """``{label: (status, message)}`` from the outputs of the check cells, the last word
-    of each exercise winning."""
-    found = {}
-    for cell in cells:
-        if cell.cell_type != "code" or "check" not in cell.metadata.get("tags", []):
-            continue
-        for out in cell.get("outputs", []):
-            if out.output_type == "stream":
-                for line in out.get("text", "").splitlines():
-                    m = LINE.match(line)
-                    if m and m["status"] == "PASSED":
-                        found[m["label"]] = (PASS, "")
-                    elif m:
-                        rest = m["rest"].strip()
-                        found[m["label"]] = (NOT_ATTEMPTED, rest if rest.startswith("builds on") else "")
-            elif out.output_type == "error":
-                label = B.LABEL.match(out.evalue)
-                if label and out.ename in FAILURES:
-                    found[label[0]] = (FAIL, without_label(label[0], first_line(out.evalue)))
-                elif label and out.ename == "NotImplementedError":  # a lesson that never called setup()
-                    found[label[0]] = (NOT_ATTEMPTED, "")
-                else:  # the check could not start (a name not defined, ...) or was interrupted
-                    label = check_label(cell, lesson)
-                    if label and out.ename == "KeyboardInterrupt":
-                        found[label] = (FAIL, "its check ran past the time limit of a cell and was interrupted")
-                    elif label:
-                        found[label] = (FAIL, f"its check cell raised {out.ename}: {first_line(out.evalue)}")
-    return found
-
-
-def run_notebook(nb, cell_timeout):
-    """Run every cell in a fresh kernel, going on after errors and interrupting a cell
-    that runs too long; return why the run stopped early ("" if it did not)."""
-    client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3", allow_errors=True,
-                            interrupt_on_timeout=True, resources={"metadata": {"path": str(ROOT / "lessons")}})
-    with client.setup_kernel():
-        for index, cell in enumerate(nb.cells):
-            try:
-                client.execute_cell(cell, index)
-            except DeadKernelError:
-                return f"the kernel died in the cell that begins `{begins(cell)}`"
-            except Exception as exc:  # noqa: BLE001 -- the run cannot go on: grade what ran
-                return f"the run stopped in the cell that begins `{begins(cell)}`: {type(exc).__name__}: " \
-                       f"{first_line(exc)}"
-    return ""
-
-
-def grade_one(path, cell_timeout):
-    """Run one notebook; return {"lesson", "exercises": [[name, status, message]], "stopped"}."""
+def run_job(job, args):
+    """Run the runner on ``job`` (host or container); its outcome, or why there is none."""
+    token = secrets.token_hex(8)
+    env = dict(os.environ, **{processes.MARKER: token})
+    cmd = (container.command(args.container, args.image, job, args.memory_mb, token) if args.container else
+           [sys.executable, "-m", "tools.grader.runner", str(job), "--course", str(args.course)])
+    with RUNNERS_LOCK:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True, text=True)
+        RUNNERS.add(proc.pid)
     try:
-        nb = nbformat.read(path, 4)
-    except Exception as exc:  # noqa: BLE001 -- not a notebook at all
-        return {"lesson": None, "exercises": [], "stopped": f"cannot read it as a notebook: {first_line(exc)}"}
-    lesson = lesson_of(nb, Path(path))
-    if lesson is None:
-        return {"lesson": None, "exercises": [], "stopped": "no lesson of the course matches it (metadata or name)"}
-    stopped = run_notebook(nb, cell_timeout)
-    return {"lesson": lesson, "exercises": judge(lesson, outcomes(nb.cells, lesson), stopped), "stopped": stopped}
+        log, _ = proc.communicate(timeout=args.timeout + 60)
+        why = f"the grader's runner failed: {log.strip().splitlines()[-1][:300] if log.strip() else proc.returncode}"
+    except subprocess.TimeoutExpired:
+        why = f"TIMEOUT: still running {args.timeout + 60} s after it started, and was killed"
+        if args.container:
+            subprocess.run(container.kill_command(args.container, token), capture_output=True, timeout=60)
+        processes.end(lambda: [proc.pid] + processes.descendants(proc.pid))
+        proc.wait()
+    with RUNNERS_LOCK:
+        RUNNERS.discard(proc.pid)
+    ended = processes.end(lambda: processes.marked(token)) | orphans()
+    outcome = json.loads((job / "outcome.json").read_text()) if (job / "outcome.json").exists() else None
+    return outcome, why, len(ended)
 
 
-def judge(lesson, found, stopped):
-    """One ``[name, status, message]`` per exercise of ``lesson``."""
-    rows = []
-    for name in B.exercise_names(ROOT / "solutions" / f"{lesson}.py"):
-        label = B.LABEL.match(name)[0]
-        if label in found:
-            status, message = found[label]
-        else:
-            status, message = NOT_RUN, stopped or "no check reported it: is its check cell (tagged `check`) still there?"
-        rows.append([name, status, message])
-    return rows
+def orphans():
+    """End the processes that became this one's children when a runner ended (a double fork)."""
+    with RUNNERS_LOCK:
+        keep = set(RUNNERS)
+    return processes.end(lambda: processes.orphans_of(os.getpid(), keep=keep))
 
 
-def grade_in_child(path, timeout, cell_timeout):
-    """``grade_one`` in a child process, killed after ``timeout`` seconds."""
-    with tempfile.TemporaryDirectory() as tmp:
-        result = Path(tmp) / "result.json"
-        try:
-            proc = subprocess.run([sys.executable, "-m", "tools.grade", "--one", str(path), str(result),
-                                   "--cell-timeout", str(cell_timeout)], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return {"lesson": None, "exercises": [], "stopped": f"TIMEOUT: still running after {timeout} s"}
-        if result.exists():
-            return json.loads(result.read_text())
-        return {"lesson": None, "exercises": [], "stopped": first_line(proc.stderr[-2000:]) or "the grader failed"}
-
-
-def complete(graded, path):
-    """A result with its exercises listed even when nothing could run (time out)."""
-    if graded["exercises"] or graded["lesson"]:
-        return graded
+def grade_file(path, folder, course, args, expect):
+    """One submission's row; ``expect``: the only lesson this batch grades, if one."""
+    t0 = time.perf_counter()
+    row = row_for(path, folder)
+    row["lesson"] = course.named(path) or ""
     try:
-        lesson = lesson_of(nbformat.read(path, 4), Path(path))
-    except Exception:  # noqa: BLE001
-        lesson = None
-    if lesson:
-        graded = dict(graded, lesson=lesson, exercises=judge(lesson, {}, graded["stopped"]))
-    return graded
+        nb, plan, row["notes"] = assemble(path, course, expect)
+    except BadSubmission as exc:
+        row.update(status="ERROR", why=str(exc))
+        return row
+    names = course.names(plan["lesson"])
+    row["lesson"] = plan["lesson"]
+    plan.update(cell_timeout=min(args.cell_timeout, args.timeout), timeout=args.timeout, memory_mb=args.memory_mb)
+    with tempfile.TemporaryDirectory(prefix="grade-job-") as job:
+        job = Path(job)
+        nbformat.write(nb, job / "notebook.ipynb")
+        (job / "plan.json").write_text(json.dumps(plan))
+        outcome, why, ended = run_job(job, args)
+    if ended:
+        row["notes"].append(f"{ended} process(es) it started outlived its runner, and were ended")
+    if outcome is None:
+        row.update(status="TIMEOUT" if why.startswith("TIMEOUT") else "ERROR", why=why,
+                   exercises=[[n, NOT_RUN, why] for n in names])
+        return row
+    by_label = outcome["exercises"]
+    for label, why_missing in plan["missing"].items():
+        by_label[label] = [NOT_FOUND, why_missing]
+    row["exercises"] = [[name, *by_label[course.label(name)]] for name in names]
+    if outcome["left_running"]:
+        row["notes"].append(f"{outcome['left_running']} process(es) it started were still running when its notebook "
+                            f"ended, and were ended")
+    if outcome["tampered"]:
+        row.update(status="TAMPERED", why="; ".join(outcome["tampered"][:5]))
+    elif outcome["stopped"].startswith(("the kernel did not import", "the kernel could not start")):
+        row.update(status="ERROR", why=outcome["stopped"])
+    elif outcome["timed_out"]:
+        row.update(status="TIMEOUT", why=outcome["stopped"])
+    row["seconds"] = time.perf_counter() - t0
+    return row
 
 
-def grade_folder(folder, timeout, cell_timeout):
-    rows = []
-    for path in sorted(Path(folder).rglob("*.ipynb")):
-        if ".ipynb_checkpoints" not in path.parts:
-            rows.append((path, complete(grade_in_child(path, timeout, cell_timeout), path)))
-    return rows
+def grade_all(paths, folder, args):
+    course = Course(args.course)
+    expect = course.lesson_named(args.lesson) if args.lesson else None
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        rows = list(pool.map(lambda p: grade_file(p, folder, course, args, expect), paths))
+    orphans()  # nothing outlives the batch
+    return students.counting(rows), course
 
 
-def report(rows, out):
-    """The CSV: one row per submission, one column per exercise (by its label)."""
-    labels = []
-    for lesson in sorted({g["lesson"] for _, g in rows if g.get("lesson")}):
-        labels += [B.LABEL.match(n)[0] for n in B.exercise_names(ROOT / "solutions" / f"{lesson}.py")]
-    with open(out, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["submission", "lesson", "passed", "of"] + labels + ["first failure"])
-        for path, g in rows:
-            by_label = {B.LABEL.match(name)[0]: (status, message) for name, status, message in g["exercises"]}
-            failure = next((f"{B.LABEL.match(name)[0]} {status}: {message}".rstrip(": ")
-                            for name, status, message in g["exercises"] if status != PASS), "")
-            passed = sum(status == PASS for _, status, _ in g["exercises"])
-            w.writerow([path.name, g.get("lesson") or "?", passed, len(g["exercises"])]
-                       + [by_label.get(label, ("", ""))[0] for label in labels]
-                       + [failure or ("" if g["exercises"] else g.get("stopped", ""))])
-    return out
-
-
-def student_report(path, graded, seconds):
+def student_report(row):
     """What the student reads: one line per exercise."""
+    exercises = row["exercises"]
     lines = []
-    exercises = graded["exercises"]
-    if not exercises:
-        return [f"{path}: not graded: {graded.get('stopped')}"]
-    passed = sum(status == PASS for _, status, _ in exercises)
-    lines.append(f"{path}: {passed} of {len(exercises)} exercises passed (ran in {seconds:.0f} s)")
-    for name, status, message in exercises:
-        lines.append(f"  {status:<14s} {name}" + (f": {message}" if message else ""))
-    return lines
+    if row["status"] in ("ERROR", "TAMPERED") or not exercises:
+        lines.append(f"{row['path']}: {row['status']}: {row['why']}")
+    if exercises and row["status"] != "TAMPERED":
+        passed = sum(status == PASS for _, status, _ in exercises)
+        lines.insert(0, f"{row['path']}: {passed} of {len(exercises)} exercises passed (ran in {row['seconds']:.0f} s)")
+        lines += [f"  {status:<14s} {name}" + (f": {message}" if message and status != PASS else "")
+                  for name, status, message in exercises]
+    return lines + [f"  note: {note}" for note in row["notes"]]
 
 
-def main(argv=None):
+def options(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="*", help="notebooks to grade, or one folder of submissions")
     ap.add_argument("--report", default="grades.csv", help="the CSV a folder's grades go to (default grades.csv)")
+    ap.add_argument("--feedback", help="the folder of per-student feedback files (default: REPORT's name + _feedback)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per notebook (default 600)")
-    ap.add_argument("--cell-timeout", type=int, default=120,
-                    help="seconds before a cell is interrupted (default 120)")
-    ap.add_argument("--one", nargs=2, metavar=("NOTEBOOK", "RESULT"), help=argparse.SUPPRESS)
+    ap.add_argument("--cell-timeout", type=int, default=120, help="seconds before a cell is interrupted (default 120)")
+    ap.add_argument("--memory-mb", type=int, default=4096, help="address space per kernel, MiB (default 4096; 0: none)")
+    ap.add_argument("-j", "--jobs", type=int, default=1, help="submissions graded at once (default 1)")
+    ap.add_argument("--lesson", help="grade only this lesson (e.g. 00): a notebook of another is an error row")
+    ap.add_argument("--course", type=Path, default=ROOT, help="the course to grade against (default: this one)")
+    ap.add_argument("--container", choices=container.ENGINES, help="run each submission in a container (README)")
+    ap.add_argument("--image", default=container.IMAGE, help=f"the container image (default {container.IMAGE})")
     args = ap.parse_args(argv)
-    cell_timeout = min(args.cell_timeout, args.timeout)
-    if args.one:
-        Path(args.one[1]).write_text(json.dumps(grade_one(args.one[0], cell_timeout)))
-        return 0
+    if args.timeout < 1 or args.cell_timeout < 1 or args.jobs < 1 or args.memory_mb < 0:
+        ap.error("--timeout, --cell-timeout and -j take positive numbers, --memory-mb 0 or more")
+    if args.container and not container.available(args.container):
+        ap.error(f"--container {args.container}: `{args.container}` is not on PATH")
+    return ap, args
+
+
+def main(argv=None):
+    ap, args = options(argv)
     paths = [Path(p) for p in args.paths]
+    processes.become_subreaper()
     if len(paths) == 1 and paths[0].is_dir():
-        rows = grade_folder(paths[0], args.timeout, cell_timeout)
-        print(f"graded {len(rows)} submission(s) -> {report(rows, args.report)}")
+        folder = paths[0]
+        rows, course = grade_all(students.find(folder, ".ipynb"), folder, args)
+        out = Path(args.report)
+        report.write_feedback(rows, args.feedback or out.with_name(out.stem + "_feedback"))
+        report.write_csv(rows, out, course.labels)
+        print(f"graded {len(rows)} submission(s) -> {out}")
         return 0
     missing = [str(p) for p in paths if not p.is_file()]
     if not paths or missing:
-        ap.error(f"give notebooks to grade (or one folder of submissions); not found: {', '.join(missing) or 'none given'}")
-    all_passed = True
-    for path in paths:
-        t = time.perf_counter()
-        graded = complete(grade_in_child(path, args.timeout, cell_timeout), path)
-        print("\n".join(student_report(path, graded, time.perf_counter() - t)), flush=True)
-        all_passed &= bool(graded["exercises"]) and all(s == PASS for _, s, _ in graded["exercises"])
-    return 0 if all_passed else 1
+        ap.error("give notebooks to grade (or one folder of submissions); not found: "
+                 + (", ".join(missing) or "none given"))
+    rows, _ = grade_all(paths, None, args)
+    for row in rows:
+        print("\n".join(student_report(row)), flush=True)
+    return 0 if all(r["status"] == "graded" and r["exercises"] and all(s == PASS for _, s, _ in r["exercises"])
+                    for r in rows) else 1
 
 
 if __name__ == "__main__":

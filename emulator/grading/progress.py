@@ -2,8 +2,7 @@
 end of a lesson lists each exercise as passed, failed or not attempted.
 
 A check ends in one of three ways, and says so in one line that begins with its label
-(``Exercise 3.1``, ``Napkin 0.2``, ``Problem 8.1``), so a person and the grader
-(``tools/grade.py``) read the same thing:
+(``Exercise 3.1``, ``Napkin 0.2``, ``Problem 8.1``), so that a person finds it at once:
 
 * ``PASSED Exercise 3.1: ...``: printed by the check (:func:`.common.passed`);
 * ``NOT ATTEMPTED Exercise 3.1: ...``: the exercise's stub still raises
@@ -21,6 +20,9 @@ The checks of the lesson modules (``emulator.grading.lessonNN``) are wrapped by
 :func:`watch` when the package is imported, so a module of checks needs nothing of this:
 a check is a public function whose code names its exercise (``what = "Exercise 3.1"``,
 ``passed("Napkin 0.2", ...)``), and :func:`label_of` reads that name.
+
+A grader does not read what a notebook prints: it hands :func:`report_to` a witness that
+the wrapper tells when each check starts and how it ended (``tools/grader/kernel.py``).
 """
 
 import re
@@ -34,6 +36,8 @@ PASSED, FAILED, NOT_ATTEMPTED, NOT_CHECKED = "passed", "failed", "not attempted"
 
 _outcomes = {}  # label -> (status, detail): the latest outcome of each exercise's check
 _state = {"in_lesson": False, "depth": 0}
+_witness = None  # a grader's, told how each check ended (report_to)
+STOPPED = "stopped"  # the check was stopped from outside (an interrupt, SystemExit), the witness is told
 
 
 class NotAllPassed(CheckFailed):
@@ -50,6 +54,14 @@ def label_in(text):
     """The exercise label that ``text`` begins with (``"Exercise 3.1"``), or None."""
     m = LABEL.match(str(text))
     return m.group(0) if m else None
+
+
+def report_to(witness):
+    """Tell ``witness(event, label, status="", detail="")`` when each check starts
+    (``"start"``) and how it ended (``"end"``, with passed, failed, not attempted or stopped,
+    and the check's message). Checks called by a check are not reported apart."""
+    global _witness
+    _witness = witness
 
 
 def record(label, status, detail=""):
@@ -127,23 +139,42 @@ def check(fn, label):
         if _state["depth"]:  # a check called by another check: the outer one reports
             return fn(*args, **kwargs)
         _state["depth"] += 1
+        witness = _witness
+        if witness is not None:
+            witness("start", label)
+        ended = (FAILED, "")
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            status, detail = _outcomes.get(label, (PASSED, ""))
+            ended = (PASSED, detail if status == PASSED else "")
+            return result
         except NotImplementedError as exc:
             if label_in(exc) is None:  # not a stub: an error like any other
-                raise _failed(label, exc) from exc
-            if _not_attempted(label, exc):
+                failure = _failed(label, exc)
+                ended = (FAILED, _first_line(failure))
+                raise failure from exc
+            attempted = _not_attempted(label, exc)
+            ended = (NOT_ATTEMPTED, _outcomes[label][1])
+            if attempted:
                 return None
             raise
         except CheckFailed as exc:
             failure = _failed(label, exc)
+            ended = (FAILED, _first_line(failure))
             if failure is exc:
                 raise
             raise failure from None
         except Exception as exc:  # noqa: BLE001 -- reported as the exercise's failure, traceback kept
-            raise _failed(label, exc) from exc
+            failure = _failed(label, exc)
+            ended = (FAILED, _first_line(failure))
+            raise failure from exc
+        except BaseException as exc:  # an interrupt (a cell's time ran out), SystemExit
+            ended = (STOPPED, type(exc).__name__)
+            raise
         finally:
             _state["depth"] -= 1
+            if witness is not None:
+                witness("end", label, *ended)
 
     checked.exercise = label
     return checked

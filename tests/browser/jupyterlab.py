@@ -1,13 +1,14 @@
 """Drive JupyterLab in headless Chromium the way a student does.
 
-A server on loopback with a token and a throwaway HOME serves a throwaway copy of the
-notebooks; Playwright (with Debian's Chromium, never a downloaded browser) opens a
+A server on loopback with a fresh random token (one per server started) and a throwaway
+HOME serves a throwaway copy of the notebooks; Playwright (with Debian's Chromium, never a downloaded browser) opens a
 notebook, waits until the kernel is really idle, runs all cells, saves, and hands back
 what the page shows.
 """
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -63,13 +64,23 @@ def api(base, token, path):
         return json.loads(r.read())
 
 
+def fresh_token():
+    """A token no other run shares: anything else on this machine that reaches the port
+    cannot use the server."""
+    return secrets.token_hex(24)
+
+
+def server_command(port, token, notebook_dir):
+    return [str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser", "--ip=127.0.0.1",
+            f"--port={port}", f"--IdentityProvider.token={token}", "--allow-root",
+            f"--ServerApp.root_dir={notebook_dir}", "--ServerApp.port_retries=0"]
+
+
 @contextmanager
 def jupyter_server(notebook_dir, home):
-    """JupyterLab on 127.0.0.1 with a token; yields the base URL with the token."""
-    port, token = free_port(), "course-test-token"
-    cmd = [str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser", "--ip=127.0.0.1",
-           f"--port={port}", f"--IdentityProvider.token={token}", "--allow-root",
-           f"--ServerApp.root_dir={notebook_dir}", "--ServerApp.port_retries=0"]
+    """JupyterLab on 127.0.0.1 with a fresh token; yields the base URL and the token."""
+    port, token = free_port(), fresh_token()
+    cmd = server_command(port, token, notebook_dir)
     log = open(home / "server.log", "w")
     proc = subprocess.Popen(cmd, env=throwaway_env(home), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
