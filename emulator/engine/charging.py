@@ -34,6 +34,14 @@ class Charges:
         self.comms = [x for x in items if isinstance(x, (Collective, AllToAll))]
         self.calls0 = len(comm._world.calls[comm.global_rank])
         self.charged = []  # (name, kernels) in the order charged, for tests
+        # Transformer Engine's overlaps (emulator.machine.comm_overlap): the ring exchange whose rows
+        # the next GEMM computes on, when a pipelined collective may start, the last kernels charged
+        self.ring, self.ready_at, self.last_kernel = None, None, None
+        self.bulk_sms = 0  # SMs a bulk overlap takes from the GEMMs charged meanwhile
+        self.pipelined = {}  # id of a declared GEMM -> the pipelined collective after it
+        for a, b in zip(items, items[1:]):
+            if is_kernel(a) and isinstance(b, Collective) and b.overlap and b.overlap[0] == "pipeline":
+                self.pipelined[id(a)] = b.overlap
 
     def take(self, name, optional=False):
         """The declared kernels called ``name`` (or ``name: ...``), removed from what is left."""
@@ -48,6 +56,18 @@ class Charges:
         self.kernels = [x for x in self.kernels if id(x) not in ids]
         self.charged.append((name, hit))
         return hit
+
+    def slowdown_of(self, kernels, sms):
+        """How much slower ``kernels`` run for the SMs a TE overlap takes from them: a GEMM
+        before a pipelined reduce-scatter, or any GEMM while a bulk overlap runs."""
+        from ..machine.comm_overlap import sm_slowdown
+
+        overlap = self.pipelined.get(id(kernels[0]))
+        if overlap is not None:
+            return sm_slowdown(sms, overlap[2])
+        if self.bulk_sms and kernels[0].kind == "gemm":
+            return sm_slowdown(sms, self.bulk_sms)
+        return 1.0
 
     def replace(self, name, kernels, comms=None):
         """Swap the declared kernels called ``name`` for ``kernels`` (what the module learns

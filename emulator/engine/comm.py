@@ -171,14 +171,39 @@ class Comm(PointToPoint):
         open_ = self._world._charges[self.global_rank]
         if not open_:
             raise WorkMismatch(f"rank {self.global_rank}: charge({name!r}) outside a declared pass")
-        kernels = open_[-1].take(name, optional)
+        charges = open_[-1]
+        kernels = charges.take(name, optional)
         if not kernels:
             return
         w = self._world
         device, stack = w.topology.device, w.stack
-        slow = w.faults.slowdown[self.global_rank]
+        slow = w.faults.slowdown[self.global_rank] * charges.slowdown_of(kernels, device.sms)
         times = [(device.time(k) + (stack.launch if k.kind == "memory" else 0.0)) * slow for k in kernels]
-        w.clock.kernels(self.global_rank, times, name, stack.dispatch)
+        ring = charges.ring
+        if ring is not None and kernels[0].kind == "gemm":  # its rows arrive from a ring exchange meanwhile
+            charges.ring = None
+            self._ring_exchange(ring, sum(times), name, stack.dispatch)
+            return
+        me = self.global_rank
+        start = max(w.clock.compute[me], w.clock.host[me] + stack.dispatch)
+        w.clock.kernels(me, times, name, stack.dispatch)
+        charges.last_kernel = (start, w.clock.compute[me], sum(times))
+
+    def _ring_exchange(self, ring, gemm, name, dispatch):
+        """A GEMM cut into tp chunks, each started once its rows have arrived (TE's ring
+        exchange; :func:`emulator.machine.comm_overlap.ring_exchange`)."""
+        from ..machine.comm_overlap import ring_exchange
+
+        handle, n = ring
+        start, end, _ = handle.span()
+        clock, me = self._world.clock, self.global_rank
+        clock.host[me] += dispatch
+        t0 = max(clock.compute[me], clock.host[me])
+        arrivals = [max(0.0, start + (end - start) * k / (n - 1) - t0) for k in range(n)]
+        done = t0 + ring_exchange(gemm, end - start, n, arrivals)
+        if t0 > clock.compute[me]:
+            clock.join(me, t0, "the host")
+        clock.advance(me, done - t0, name)
 
     def replace_declared(self, name, kernels):
         """Swap the open pass's declared ``name`` kernels for ``kernels`` (known only as it runs)."""
@@ -238,6 +263,9 @@ class Comm(PointToPoint):
         rv.ready[me] = w.clock.compute[me]
         if w._charges[me]:  # inside a declared pass the host issues it: not before the host gets there
             rv.ready[me] = max(rv.ready[me], w.clock.issue(me, w.stack.dispatch))
+            early = w._charges[me][-1].ready_at
+            if early is not None:  # pipelined behind a GEMM still running (comm_overlap): from its first chunk
+                rv.ready[me], w._charges[me][-1].ready_at = early, None
         if len(rv.inputs) == self._live_count():
             del w._pending[(key, seq)]
             self._complete(rv, run)
@@ -265,8 +293,8 @@ class Comm(PointToPoint):
             rv.inputs = None
             w._broken.append(rv)
             return
-        _, rv.end = w.clock.charge(rv.op, self.label, steps, self.ranks, t0, [stream] * self.size,
-                                   [rv.op] * self.size)
+        rv.start, rv.end = w.clock.charge(rv.op, self.label, steps, self.ranks, t0, [stream] * self.size,
+                                          [rv.op] * self.size)
         rv.results, rv.done, rv.inputs = results, True, None
         for r in rv.ready:
             if r != self.global_rank:

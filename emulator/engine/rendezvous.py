@@ -5,12 +5,12 @@ class Rendezvous:
     """One collective call of a group, filled in as members arrive. The last member to
     arrive runs it; every member's handle then reads its result."""
 
-    __slots__ = ("op", "sig", "first", "inputs", "ready", "done", "results", "end", "ranks", "label", "seq")
+    __slots__ = ("op", "sig", "first", "inputs", "ready", "done", "results", "start", "end", "ranks", "label", "seq")
 
     def __init__(self, op, sig, first, ranks, label, seq):
         self.op, self.sig, self.first, self.ranks, self.label, self.seq = op, sig, first, ranks, label, seq
         self.inputs, self.ready = {}, {}
-        self.done, self.results, self.end = False, None, 0.0
+        self.done, self.results, self.start, self.end = False, None, 0.0, 0.0
 
     def result(self, rank):
         return self.results[self.ranks.index(rank)]
@@ -33,6 +33,15 @@ class Handle:
 
     def is_completed(self):
         return self._work.done
+
+    def span(self):
+        """Block until the operation is done, without joining it: (its start, its end) on the
+        simulated clock, and its result (for work that runs beside it: Transformer Engine's
+        pipelined GEMMs, :mod:`emulator.machine.comm_overlap`)."""
+        w, r, work = self._world, self._rank, self._work
+        while not work.done:
+            w._block(r, work.describe)
+        return work.start, work.end, work.result(r)
 
     def wait(self):
         w, r, work = self._world, self._rank, self._work

@@ -62,6 +62,7 @@ class Device:
     hbm_bytes: float = 80e9
     ideal: bool = True
     rates: Rates = field(default=None, repr=False)
+    sms: int = 132  # streaming multiprocessors (H100 SXM: 132; A100: 108)
 
     def __post_init__(self):
         for what in ("peak_flops", "hbm_bandwidth", "hbm_bytes"):
@@ -92,7 +93,7 @@ class Device:
 
     @classmethod
     def h100(cls):
-        """H100 SXM 80 GB (HBM3, 3.35 TB/s), 989 TFLOP/s dense bf16 (NVIDIA H100 datasheet)."""
+        """H100 SXM 80 GB (HBM3, 3.35 TB/s), 989 TFLOP/s dense bf16, 132 SMs (NVIDIA H100 datasheet)."""
         return cls("H100 SXM 80 GB", H100_BF16_FLOPS, 3.35e12, 80e9, ideal=False, rates=RATES["H100"])
 
     @classmethod
@@ -102,8 +103,8 @@ class Device:
 
     @classmethod
     def a100(cls):
-        """A100 SXM 80 GB (HBM2e, 2.039 TB/s), 312 TFLOP/s dense bf16 (NVIDIA A100 datasheet)."""
-        return cls("A100 SXM 80 GB", A100_BF16_FLOPS, 2.039e12, 80e9, ideal=False, rates=RATES["A100"])
+        """A100 SXM 80 GB (HBM2e, 2.039 TB/s), 312 TFLOP/s dense bf16, 108 SMs (NVIDIA A100 datasheet)."""
+        return cls("A100 SXM 80 GB", A100_BF16_FLOPS, 2.039e12, 80e9, ideal=False, rates=RATES["A100"], sms=108)
 
     # ----------------------------------------------------------------- timing
     @property

@@ -167,6 +167,7 @@ class Collective:
     size: int
     nbytes: float
     dtype: str
+    overlap: tuple = None  # how it runs beside the GEMM next to it (emulator.machine.comm_overlap), or None
 
     def __post_init__(self):
         if self.op not in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"):

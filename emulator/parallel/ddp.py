@@ -20,19 +20,21 @@ from .base import DataParallelStrategy
 class DDP(DataParallelStrategy):
     zero_stage = 0
 
-    def __init__(self, comm, model, params, opt, bucket_bytes=None, average=True, label=""):
+    def __init__(self, comm, model, params, opt, bucket_bytes=None, average=True, label="", first_bucket_bytes=None):
         super().__init__(comm, model, params, opt, average, label)
         self.hold_full_params()
         self.state = opt.init(params)
         self.memory.hold(self.entry("optimizer"), self.state, "optimizer")
-        self.buckets = self._plan_buckets(bucket_bytes)
+        self.buckets = self._plan_buckets(bucket_bytes, first_bucket_bytes)
         self.flat = {}  # bucket index -> its gradients, flat (torch's grads are views of it)
         self.pending = {}  # bucket index -> handle of its all-reduce
 
-    def _plan_buckets(self, bucket_bytes):
+    def _plan_buckets(self, bucket_bytes, first_bucket_bytes=None):
         """The gradient tensors in backward order, cut into buckets of at least
-        ``bucket_bytes``: a list of buckets, each a list of (layer, key, offset, size)."""
+        ``bucket_bytes`` (the first of ``first_bucket_bytes``, as torch DDP's 1 MB): a list of
+        buckets, each a list of (layer, key, offset, size)."""
         buckets, current, size, nbytes = [], [], 0, 0
+        limit = first_bucket_bytes if first_bucket_bytes is not None else bucket_bytes
         for name in reversed(self.names):
             lay = self.layouts[name]
             for key, shape in zip(lay.names, lay.shapes):
@@ -40,9 +42,9 @@ class DDP(DataParallelStrategy):
                 current.append((name, key, size, numel))
                 size += numel
                 nbytes += numel * self.full[name][key].itemsize
-                if bucket_bytes is not None and nbytes >= bucket_bytes:
+                if limit is not None and nbytes >= limit:
                     buckets.append(current)
-                    current, size, nbytes = [], 0, 0
+                    current, size, nbytes, limit = [], 0, 0, bucket_bytes
             if bucket_bytes is None and current:
                 buckets.append(current)
                 current, size, nbytes = [], 0, 0

@@ -13,7 +13,34 @@ reduces, measures the global norm (every parameter counted once), and applies.
 import numpy as np
 
 from . import STRATEGIES
+from .buckets import bucket_limit
+from .ddp import DDP
+from .zero3 import ZeRO3
 from .tp_regions import all_reduce_together
+
+
+def uses_distributed_optimizer(stack, zero_stage):
+    """Whether ZeRO-1 runs as Megatron's distributed optimizer, both collectives overlapped."""
+    return zero_stage == 1 and stack.grad_overlap == "backward" and stack.param_gather_overlap
+
+
+def strategy_for(stack, zero_stage, comm, model, params, opt, pp_rank=0, label=""):
+    """The data-parallel strategy a software stack runs for ``zero_stage``: DDP with its
+    buckets (Megatron's rule, torch DDP's 25 MB, or one bucket after the flush), ZeRO-1 as
+    Megatron's distributed optimizer where it overlaps both collectives, ZeRO-3 with FSDP's
+    prefetch where the stack has it."""
+    from .distributed_optimizer import DistributedOptimizer
+
+    b = stack.bucket
+    if zero_stage == 0:  # (DDP counts the weights' bytes)
+        limit, first = bucket_limit(stack, comm.size, pp_rank, next(iter(params.values())).itemsize)
+        return DDP(comm, model, params, opt, bucket_bytes=limit, average=False, label=label, first_bucket_bytes=first)
+    if uses_distributed_optimizer(stack, zero_stage):
+        elements = None if (b.first_stage_only and pp_rank > 0) else b.size(comm.size)
+        return DistributedOptimizer(comm, model, params, opt, bucket_elements=elements, average=False, label=label)
+    if zero_stage == 3:
+        return ZeRO3(comm, model, params, opt, prefetch=stack.fsdp_prefetch, average=False, label=label)
+    return STRATEGIES[zero_stage](comm, model, params, opt, average=False, label=label)
 
 
 class _Units:
@@ -48,8 +75,8 @@ class MeshHooks:
         for group, names in units.items():
             if names:
                 comm = comms["dp,cp"] if group == "dense" else comms["edp"]
-                self.strategies[group] = STRATEGIES[dims.zero_stage](comm, _Units(names), flat[group], opt,
-                                                                     average=False, label=group)
+                self.strategies[group] = strategy_for(comm.stack, dims.zero_stage, comm, _Units(names), flat[group],
+                                                      opt, comms["pp"].rank, label=group)
         self.partial = {layer: sorted(k[len(layer) + 1:] for k, pl in placements.items()
                                       if k.startswith(layer + ".") and "tp" in pl.partial) for layer in layer_names}
 
@@ -109,7 +136,7 @@ class MeshHooks:
         then (group, unit, flat slice) so the global view can assemble them."""
         out, slices = {}, []
         for group, s in self.strategies.items():
-            if s.full is not None:
+            if s.full is not None and not getattr(s, "stale", False):
                 for unit, p in s.full.items():
                     out.update({f"{unit.split(':')[0]}.{k}": v for k, v in p.items()})
             else:

@@ -105,7 +105,7 @@ class ParallelAttention(ColumnThenRow):
     def _gathered_input(self, c, dtype, async_op=False):
         """The projections' whole input for their weight gradients: kept, or gathered again."""
         x = c["q, k, v projections' input"].astype(dtype, copy=False)
-        return ready(x, async_op) if self.keep_gathered else self.r.gather(x, async_op=async_op)
+        return ready(x, async_op) if self.keep_gathered else self.r.gather_again(x, async_op=async_op)
 
     def _weight_grads(self, c, do, dy_local, dqkv, xg):
         ctx = c["output projection input"].astype(do.dtype, copy=False)

@@ -43,7 +43,7 @@ from .layer_shape import LayerShape
 from .placement import Placement, shard
 from .tp_attention import ParallelAttention
 from .tp_mlp import ParallelMLP
-from .tp_regions import TPRegions, all_reduce_together
+from .tp_regions import PIPELINE_SPLITS, TERegions, TPRegions, all_reduce_together
 
 RECOMPUTE = ("none", "selective", "full")
 NORMS = ("ln1.g", "ln1.b", "ln2.g", "ln2.b")
@@ -68,14 +68,17 @@ class TensorParallelBlock:
         self.comm, self.d_model, self.n_heads, self.d_ff = comm, d_model, n_heads, d_ff
         self.sp, self.p, self.seed, self.act, self.recompute = sequence_parallel, dropout, seed, act_dtype, recompute
         self.reduce_partial_grads = reduce_partial_grads
-        self.regions = TPRegions(comm, sequence_parallel, np_dtype(comm.work_context(act_dtype).dtype("tp")))
+        payload = np_dtype(comm.work_context(act_dtype).dtype("tp"))
+        self.regions = TPRegions(comm, sequence_parallel, payload)
+        te = comm.stack.tp_comm_overlap and sequence_parallel and t > 1  # TE pipelines them with the GEMMs
+        layer_regions = TERegions(comm, payload, PIPELINE_SPLITS, comm.stack.tp_overlap_sms) if te else self.regions
         keep = self._keep
         core = core or DenseCore(comm, causal, dropout, seed, recompute, keep,
                                  heads=(comm.rank * n_heads // t, n_heads))
-        self.attn = ParallelAttention(self.regions, d_model, n_heads, n_kv_heads, core, keep, keep_gathered_input,
+        self.attn = ParallelAttention(layer_regions, d_model, n_heads, n_kv_heads, core, keep, keep_gathered_input,
                                       dtype=act_dtype)
-        self.mlp = ParallelMLP(self.regions, d_model, d_ff, mlp, keep, keep_gathered_input, dtype=act_dtype) if dense \
-            else mlp
+        self.mlp = ParallelMLP(layer_regions, d_model, d_ff, mlp, keep, keep_gathered_input, dtype=act_dtype) \
+            if dense else mlp
 
     # ----------------------------------------------------------------- where parameters live
     def placements(self):

@@ -95,7 +95,7 @@ class ParallelMLP(ColumnThenRow):
 
     def _gathered_input(self, c, dtype, async_op=False):
         x = c["fc1 input"].astype(dtype, copy=False)
-        return ready(x, async_op) if self.keep_gathered else self.r.gather(x, async_op=async_op)
+        return ready(x, async_op) if self.keep_gathered else self.r.gather_again(x, async_op=async_op)
 
     def _weight_grads(self, c, dz, dy_local, dw, xg):
         rows = dz.shape[0] * dz.shape[1]

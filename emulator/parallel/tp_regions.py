@@ -129,10 +129,63 @@ class TPRegions:
     def reduce_back(self, dy, async_op=False):
         return self._all_gather(dy, async_op) if self.sp else self._result(_Done(dy), async_op)
 
+    def gather_again(self, x, async_op=False):
+        """The input gathered again for the weight gradients (a plain all-gather)."""
+        return TPRegions.gather(self, x, async_op)
+
     def sequence_slice(self, s):
         """This rank's slice of a sequence of length ``s`` (sequence parallelism)."""
         n = s // self.comm.size
         return slice(self.comm.rank * n, (self.comm.rank + 1) * n)
+
+
+class TERegions(TPRegions):
+    """The same operators as Transformer Engine's userbuffers overlap them with the GEMM
+    beside them (``--tp-comm-overlap``, sequence parallelism): the all-gathers before a
+    column-parallel GEMM and before a row-parallel one's input gradient as ring exchanges
+    (the GEMM's chunks computed as their rows arrive), the reduce-scatter after a
+    row-parallel GEMM pipelined behind its chunks; in backward the bulk overlaps take SMs
+    from the GEMMs beside them (:mod:`emulator.machine.comm_overlap`, the times; the open
+    declared pass, :mod:`emulator.engine.charging`, pairs each collective with its GEMM)."""
+
+    def __init__(self, comm, payload=None, splits=4, sms=16):
+        super().__init__(comm, True, payload)
+        self.splits, self.sms = splits, sms
+
+    def _charges(self):
+        return self.comm._world._charges[self.comm.global_rank][-1]
+
+    def _ring(self, x, async_op):
+        x, back = self._send(x)
+        handle = self.comm.all_gather(_front(x), async_op=True)
+        self._charges().ring = (handle, self.comm.size)  # the next GEMM computes as its rows arrive
+        return self._result(_Done(back(_back(handle.span()[2]))), async_op)
+
+    def gather(self, x, async_op=False):
+        return self._ring(x, async_op)
+
+    def reduce_back(self, dy, async_op=False):
+        return self._ring(dy, async_op)
+
+    def reduce(self, y, async_op=False):
+        """Pipelined behind the GEMM just charged: its chunks' reduce-scatters start after its
+        first chunk, and the last one ends a chunk's share after the GEMM."""
+        from ..machine.comm_overlap import pipelined
+
+        charges = self._charges()
+        start, end, gemm = charges.last_kernel
+        charges.ready_at = start + gemm / self.splits
+        y, back = self._send(y)
+        handle = self.comm.reduce_scatter(_front(y), async_op=True)
+        c0, c1, out = handle.span()
+        clock, me = self.comm._world.clock, self.comm.global_rank
+        finish = start + pipelined(gemm, c1 - c0, self.splits) if c1 > c0 else end
+        clock.join(me, max(finish, c1), "the pipelined reduce-scatter")
+        return self._result(_Done(back(_back(out))), async_op)
+
+    def bulk(self, on):
+        """Take (or give back) the bulk overlap's SMs from the GEMMs charged meanwhile."""
+        self._charges().bulk_sms = self.sms if on else 0
 
 
 class ColumnThenRow:
@@ -170,49 +223,88 @@ class ColumnThenRow:
     def _backward(self, P, c, dy):
         d_out = self.r.reduce_back(dy)
         inner = self._inner(P, c, d_out)
+        bulk = getattr(self.r, "bulk", None)
         pending_x = self._gathered_input(c, d_out.dtype, async_op=True)
+        if bulk and not self.keep_gathered:
+            bulk(True)
         dx_partial = self._input_grad(P, inner)
         xg = pending_x.wait()
+        if bulk:
+            bulk(False)
         pending_dx = self.r.gather_back(dx_partial, async_op=True)
+        if bulk:
+            bulk(True)
         grads = self._weight_grads(c, d_out, dy, inner, xg)
+        if bulk:
+            bulk(False)
         return pending_dx.wait(), grads
 
 
 # ----------------------------------------------------------------- what the regions declare
-def _tp(s, ctx, name, op):
+PIPELINE_SPLITS = 4  # Transformer Engine's chunks of a pipelined reduce-scatter (stack_sources: tp_overlap_splits)
+
+
+OVERLAPPED = ("attention", "mlp")  # TE's layers (linear_qkv, linear_proj, linear_fc1, linear_fc2)
+
+
+def te_overlap(s, ctx, part):
+    """Whether Transformer Engine pipelines this part's tensor-parallel collectives with
+    its GEMMs (the stack's ``tp_comm_overlap``; Megatron requires sequence parallelism; the
+    embedding and the output layer are Megatron's own layers, not TE's)."""
+    return ctx.stack.tp_comm_overlap and s.sequence_parallel and part in OVERLAPPED
+
+
+def _tp(s, ctx, name, op, overlap=None):
     dt = ctx.dtype("tp")
-    return (Collective(name, op, "tp", s.tp, s.rows * s.d * dtype_bytes(dt), dt),)
+    return (Collective(name, op, "tp", s.tp, s.rows * s.d * dtype_bytes(dt), dt, overlap),)
+
+
+def _bulk(s, ctx, part):
+    """The backward's all-gather of the input (beside the input-gradient GEMM) and
+    reduce-scatter of the input gradient (beside the weight-gradient GEMMs), as Megatron's
+    linear layers issue them; TE's bulk overlap takes its SMs from those GEMMs."""
+    if part not in OVERLAPPED:
+        return None
+    return ("bulk", ctx.stack.tp_overlap_sms if te_overlap(s, ctx, part) else 0)
 
 
 def region_gather(s, ctx, part):
     """``gather`` before a column-parallel layer: an all-gather along the sequence under SP."""
-    return _tp(s, ctx, f"{part}: all-gather input", "all_gather") if s.sequence_parallel else ()
+    if not s.sequence_parallel:
+        return ()
+    return _tp(s, ctx, f"{part}: all-gather input", "all_gather",
+               ("ring_exchange", s.tp) if te_overlap(s, ctx, part) else None)
 
 
 def region_reduce(s, ctx, part):
     """``reduce`` after a row-parallel layer: reduce-scatter (SP) or all-reduce."""
     if s.tp == 1:
         return ()
-    return _tp(s, ctx, f"{part}: reduce output", "reduce_scatter" if s.sequence_parallel else "all_reduce")
+    overlap = ("pipeline", PIPELINE_SPLITS, ctx.stack.tp_overlap_sms) if te_overlap(s, ctx, part) else None
+    return _tp(s, ctx, f"{part}: reduce output", "reduce_scatter" if s.sequence_parallel else "all_reduce", overlap)
 
 
 def region_reduce_back(s, ctx, part):
     """``reduce``'s backward: the output gradient all-gathered along the sequence under SP."""
-    return _tp(s, ctx, f"{part}: all-gather output grad", "all_gather") if s.sequence_parallel else ()
+    if not s.sequence_parallel:
+        return ()
+    return _tp(s, ctx, f"{part}: all-gather output grad", "all_gather",
+               ("ring_exchange", s.tp) if te_overlap(s, ctx, part) else None)
 
 
 def region_gather_back(s, ctx, part):
     """``gather``'s backward: the input gradient reduce-scattered (SP) or all-reduced."""
     if s.tp == 1:
         return ()
-    return _tp(s, ctx, f"{part}: reduce input grad", "reduce_scatter" if s.sequence_parallel else "all_reduce")
+    return _tp(s, ctx, f"{part}: reduce input grad", "reduce_scatter" if s.sequence_parallel else "all_reduce",
+               _bulk(s, ctx, part))
 
 
 def region_gather_again(s, ctx, part):
     """Under SP the weight gradients need the whole input: gathered again, as Megatron does,
     unless the layer kept the gathered copy."""
-    return _tp(s, ctx, f"{part}: all-gather input again", "all_gather") if (s.sequence_parallel and
-                                                                            not s.keep_gathered) else ()
+    return _tp(s, ctx, f"{part}: all-gather input again", "all_gather", _bulk(s, ctx, part)) \
+        if (s.sequence_parallel and not s.keep_gathered) else ()
 
 
 def wgrad(ctx, name, m, n, k):

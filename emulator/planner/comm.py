@@ -11,7 +11,8 @@ from ..machine.work import AllToAll, Collective, RingAttention
 from ..parallel.pipeline.actions import place_of, stage_of
 from ..records.table import Table
 from .memory import byte_sizes
-from .overlap import replay
+from ..parallel.mesh_hooks import uses_distributed_optimizer
+from .overlap import gather_in_forward, replay
 
 AXIS_OF = {"dense": "dp,cp", "experts": "edp"}
 
@@ -86,8 +87,19 @@ def dp_tail(est, layers, per_layer, timer, timing, r, ctx, boundary):
         host = action_durations(actions, per_layer[r], dims, host=True)
         return replay(timer, r, actions, timing, layers, dims, ctx,
                       lambda rank, a: _hop(timer, dims, boundary, rank, a), host) - end
-    total = 0.0
     sizes = byte_sizes(ctx)
+    if z == 1 and uses_distributed_optimizer(ctx.stack, z):
+        if all(len(groups[a]) == 1 for a in ("dp,cp", "edp")):
+            return 0.0
+        from .timing import action_durations
+
+        actions = [a for a, _, _ in timing[r]]
+        host = action_durations(actions, per_layer[r], dims, host=True)
+        rs = replay(timer, r, actions, timing, layers, dims, ctx, lambda rank, a: _hop(timer, dims, boundary, rank, a),
+                    host, op="reduce_scatter") - end
+        layer_times = [[per_layer[r][c][j] for j in range(len(layers[c][r]))] for c in range(v)]
+        return rs + gather_in_forward(timer, r, layers, layer_times, dims, ctx, sizes)
+    total = 0.0
     for c in range(v):
         for x in layers[c][r]:
             for group, elems in x.params.items():
@@ -112,6 +124,7 @@ def comm_table(est, layers, per_layer, timer, timing, boundary, ctx, m_played):
     pipe_end = [max(e for _, _, e in timing[r]) for r in range(p)]
     r = max(range(p), key=lambda k: pipe_end[k] + tails[k])
     groups, g = timer.groups(r), timer.g
+    overlapped = dims.zero_stage == 0 or uses_distributed_optimizer(ctx.stack, dims.zero_stage)
     rows = {}
 
     def add(axis, op, nbytes, count, seconds, exposed):
@@ -131,12 +144,12 @@ def comm_table(est, layers, per_layer, timer, timing, boundary, ctx, m_played):
                     add(axis, op, nbytes, count, t, t)
             for axis, op, nbytes, count in _strategy_calls(x, dims, m, ctx, groups):
                 t = timer.op(("c", op, nbytes, axis), r) * count
-                add(axis, op, nbytes, count, t, 0.0 if (axis != "tp" and dims.zero_stage == 0) else t)
+                add(axis, op, nbytes, count, t, 0.0 if (axis != "tp" and overlapped) else t)
     if p > 1:
         sends = sum(1 for a, _, _ in timing[r] if a.kind in ("F", "B") and _crosses(a, r, p, dims.v)) * m // m_played
         hop = max(timer.p2p(boundary, r, (r + 1) % p), timer.p2p(boundary, r, (r - 1) % p))
         add("pp", "send/recv", boundary, sends, sends * hop, sends * hop)
-    if dims.zero_stage == 0:
+    if overlapped:
         for row in rows.values():
             if row["axis"] in ("dp,cp", "edp"):
                 row["exposed"] = tails[r] * row["seconds"] / max(1e-30, sum(

@@ -70,6 +70,28 @@ class Units:
             self.per_layer.append((grads, gathered, fullgrad))
 
 
+def _ddp_buckets(units, dims, ctx, pp_rank):
+    """DDP's gradients come bucket by bucket (:mod:`emulator.parallel.buckets`): each
+    bucket's bytes held from the first backward of its first layer (backward order)."""
+    from ..machine.work import dtype_bytes
+    from ..parallel.buckets import bucket_layers, bucket_limit
+
+    order = [(c, i) for c in reversed(range(len(units))) for i in reversed(range(len(units[c].per_layer)))]
+    grads = [units[c].per_layer[i][0] for c, i in order]
+    param_bytes = dtype_bytes(ctx.dtype("params"))
+    limit, first = bucket_limit(ctx.stack, dims.dp * dims.cp, pp_rank, param_bytes)
+    scale = param_bytes / byte_sizes(ctx)["grads"]  # DDP cuts by the weights' bytes
+    buckets = bucket_layers([g * scale for g in grads], limit, first)
+    new = {}
+    for bucket in buckets:
+        for j in bucket:
+            new[order[j]] = 0
+        new[order[bucket[0]]] = sum(grads[j] for j in bucket)
+    for (c, i), g in new.items():
+        _, gathered, fullgrad = units[c].per_layer[i]
+        units[c].per_layer[i] = (g, gathered, fullgrad)
+
+
 def _profile(kept, units, kind, first, grad_out, held, release, transient):
     """(peak over the action of (activations, grads, buffers) changes, net change) for one
     pass over a chunk's layers: ``kind`` F, B (unsplit or ``"B-split"``) or W. ``held``:
@@ -156,6 +178,8 @@ def stage_peaks(stage_layers, dims, ctx):
     for r in range(p):
         layers = [stage_layers[c][r] for c in range(v)]
         units = [Units(ls, dims, ctx) for ls in layers]
+        if dims.zero_stage == 0:
+            _ddp_buckets(units, dims, ctx, r)
         static = {"params": sum(u.params for u in units), "optimizer": sum(u.optimizer for u in units)}
         kept = [[(x.input if full else x.kept) for x in ls] for ls in layers]
         grad_out = [sum(x.grad_out for x in ls) for ls in layers]

@@ -53,11 +53,12 @@ class Ports:
             self.until[k] = max(self.until[k], end)
 
 
-def replay(timer, r, actions, timing, layers, dims, ctx, hop, host_seconds=None):
+def replay(timer, r, actions, timing, layers, dims, ctx, hop, host_seconds=None, op="all_reduce"):
     """(end of rank r's step, when its pipeline would end without the all-reduces):
     its actions replayed from the first that starts an all-reduce. ``host_seconds``: the
     host's time to issue each action (it never waits within a step, so at the first
-    replayed action it has issued everything before)."""
+    replayed action it has issued everything before). ``op``: what each full bucket starts
+    (DDP's all-reduce; Megatron's distributed optimizer's reduce-scatter)."""
     split = dims.schedule == "zb_h1"
     done_kind = "W" if split else "B"
     last = {}
@@ -74,6 +75,7 @@ def replay(timer, r, actions, timing, layers, dims, ctx, hop, host_seconds=None)
     t = timing[r][first - 1][2] if first else 0.0
     host = t  # the host's clock: each op waits for its issue (as the emulator's: Timer.host)
     ports, stream, finish = Ports(), {}, 0.0
+    buckets, waiting = _buckets(layers, r, dims, ctx, op)  # per (chunk, layer): its bucket; layers each waits for
 
     def blocking(op):
         run_steps([(timer.op(op, r), kinds[op[-1]], 0.0)])
@@ -119,14 +121,75 @@ def replay(timer, r, actions, timing, layers, dims, ctx, hop, host_seconds=None)
                 run_steps(steps_of(x, name))
             if a.kind == done_kind and x.partial and dims.tp > 1:
                 blocking(("c", "all_reduce", x.partial * sizes["grads"], "tp"))
-            if a.kind == done_kind and i == last[a.chunk]:  # the layer's last gradient: its all-reduce starts
-                for group, elems in x.params.items():
-                    axis = "dp,cp" if group == "dense" else "edp"
-                    if not elems or len(groups[axis]) == 1:
+            if a.kind == done_kind and i == last[a.chunk]:  # the layer's last gradient: its bucket may be full
+                b = buckets[(a.chunk, j)]
+                waiting[b] -= 1
+                if waiting[b]:
+                    continue
+                for axis, nbytes in _bucket_bytes(b, buckets, sizes, op, groups).items():
+                    if not nbytes or len(groups[axis]) == 1:
                         continue
-                    sec = timer.op(("c", "all_reduce", elems * sizes["reduce"], axis), r)
+                    sec = timer.op(("c", op, nbytes, axis), r)
                     start = ports.place(kinds[axis], sec, max(t, stream.get(axis, 0.0)))
                     ports.book(kinds[axis], start, start + sec)
                     stream[axis] = start + sec
                     finish = max(finish, start + sec)
     return max(t, finish, timing[r][-1][2])
+
+
+def _buckets(layers, r, dims, ctx, op="all_reduce"):
+    """The buckets of rank r's layers (:mod:`emulator.parallel.buckets`; DDP's by the
+    weights' bytes, the distributed optimizer's by parameters): {(chunk, layer): bucket},
+    and how many layers each bucket waits for."""
+    from ..machine.work import dtype_bytes
+    from ..parallel.buckets import bucket_layers, bucket_limit
+
+    v = len(layers)
+    order = [(c, j) for c in reversed(range(v)) for j in reversed(range(len(layers[c][r])))]
+    per = dtype_bytes(ctx.dtype("params")) if op == "all_reduce" else 1
+    limit, first = bucket_limit(ctx.stack, dims.dp * dims.cp, r, per)
+    nbytes = [sum(layers[c][r][j].params.values()) * per for c, j in order]
+    out, waiting = {}, {}
+    for b, members in enumerate(bucket_layers(nbytes, limit, first)):
+        for k in members:
+            out[order[k]] = b
+        waiting[b] = len(members)
+    out["_layers"] = {order[k]: layers[order[k][0]][r][order[k][1]] for k in range(len(order))}
+    return out, waiting
+
+
+def _bucket_bytes(b, buckets, sizes, op, groups):
+    """{group axis: bytes} bucket ``b`` reduces (a reduce-scatter's padded to its group)."""
+    out = {}
+    for key, x in buckets["_layers"].items():
+        if buckets[key] == b:
+            for group, elems in x.params.items():
+                axis = "dp,cp" if group == "dense" else "edp"
+                n = len(groups[axis])
+                count = elems if op == "all_reduce" else -(-elems // n) * n
+                out[axis] = out.get(axis, 0) + count * sizes["reduce"]
+    return out
+
+
+def gather_in_forward(timer, r, layers, per_layer, dims, ctx, sizes):
+    """Seconds a distributed optimizer's parameter all-gathers add to rank r's first
+    forward: each bucket's is waited for before its first layer, the next one then issued
+    (:class:`emulator.parallel.distributed_optimizer.DistributedOptimizer`): the first
+    bucket's whole, each next one's beyond the forward of the bucket before."""
+    buckets, _ = _buckets(layers, r, dims, ctx, "reduce_scatter")
+    groups = timer.groups(r)
+    n_buckets = 1 + max(v for k, v in buckets.items() if k != "_layers")
+    gather, forward = [0.0] * n_buckets, [0.0] * n_buckets
+    for (c, j), x in buckets["_layers"].items():
+        b = buckets[(c, j)]
+        forward[b] += per_layer[c][j]["F"]
+        for group, elems in x.params.items():
+            axis = "dp,cp" if group == "dense" else "edp"
+            n = len(groups[axis])
+            if elems and n > 1:
+                gather[b] += timer.op(("c", "all_gather", -(-elems // n) * n * sizes["gather"], axis), r)
+    order = list(reversed(range(n_buckets)))  # forward meets the last bucket (the first layers) first
+    exposed = gather[order[0]]
+    for a, b in zip(order, order[1:]):
+        exposed += max(0.0, gather[b] - forward[a])
+    return exposed

@@ -98,7 +98,10 @@ def _narayanan(name, tp, pp, gpus, batch, tflops):
 
 def _megatron(name, tp, pp, gpus, batch, tflops):
     return PublishedRun(MEGATRON, f"megatron-h100-{name}", gpus, tp, pp, 1, batch, 4096, tflops, "megatron", "h100",
-                        _dims(gpus, tp, pp, 1, batch), "", "megatron-core", STACK_MEGATRON)
+                        _dims(gpus, tp, pp, 1, batch).replace(zero_stage=1),
+                        "the distributed optimizer (ZeRO-1): --overlap-param-gather, which the README names, "
+                        "requires it (megatron/training/arguments.py, d98e8a6, lines 1024-1027)", "megatron-core",
+                        STACK_MEGATRON)
 
 
 def _llama(gpus, cp, dp, seq, tflops):

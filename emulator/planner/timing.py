@@ -27,6 +27,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..cost import RING_STEPS, all_to_all_time, collective_time, p2p_time
+from ..machine.comm_overlap import pipelined, ring_exchange, sm_slowdown
 from ..machine.work import AllToAll, Collective, RingAttention, is_kernel
 
 
@@ -116,8 +117,51 @@ class Timer:
 
     def ops(self, ops, r):
         """GPU seconds of a pass's items in order on the compute stream (each collective
-        waited for); the host's are :meth:`host`."""
-        return sum(self.op(o, r) for o in ops)
+        waited for, or pipelined with the GEMM beside it where Transformer Engine does so:
+        :mod:`emulator.machine.comm_overlap`); the host's are :meth:`host`."""
+        total, i, n = 0.0, 0, len(ops)
+        while i < n:
+            o = ops[i]
+            nxt = ops[i + 1] if i + 1 < n else None
+            ov = getattr(o, "overlap", None)
+            if ov and ov[0] == "ring_exchange" and getattr(nxt, "kind", None) == "gemm":
+                total += ring_exchange(self.op(nxt, r), self.op(o, r), ov[1])
+                i += 2
+                continue
+            nov = getattr(nxt, "overlap", None)
+            if getattr(o, "kind", None) == "gemm" and nov and nov[0] == "pipeline":
+                gemm = self.op(o, r) * sm_slowdown(self.device.sms, nov[2])
+                total += pipelined(gemm, self.op(nxt, r), nov[1])
+                i += 2
+                continue
+            total += self.op(o, r)
+            i += 1
+        return total
+
+    def bulk_saving(self, layer, r):
+        """Seconds an unsplit backward saves by running each part's all-gather of its input
+        beside its input-gradient GEMM, and its input gradient's reduce-scatter beside its
+        weight-gradient GEMMs (as :class:`emulator.parallel.tp_regions.ColumnThenRow` does),
+        the GEMMs slowed by the SMs TE's bulk overlap takes."""
+        b, w = layer.ops["B"], layer.ops["W"]
+        saving = 0.0
+        for part in ("attention", "mlp"):
+            again = [x for x in w if getattr(x, "overlap", None) and x.overlap[0] == "bulk" and
+                     x.name.startswith(part + ":")]
+            grad = [x for x in b if getattr(x, "overlap", None) and x.overlap[0] == "bulk" and
+                    x.name.startswith(part + ":")]
+            if not (again or grad):
+                continue
+            sms = (again or grad)[0].overlap[1]
+            slow = sm_slowdown(self.device.sms, sms)
+            dgrad = sum(self.op(x, r) for x in b if getattr(x, "kind", None) == "gemm" and
+                        x.name.startswith((f"{part}: qkv dgrad", f"{part}: fc1 dgrad")))
+            wgrads = sum(self.op(x, r) for x in w if getattr(x, "kind", None) == "gemm" and x.name.startswith(part))
+            for comm, gemm in ((again, dgrad), (grad, wgrads)):
+                if comm:
+                    c = self.op(comm[0], r)
+                    saving += c + gemm - max(gemm * slow, c)
+        return saving
 
     def host(self, ops):
         """Host seconds to issue a pass's items: ``stack.dispatch`` each (the emulator's clock
@@ -244,7 +288,8 @@ def layer_times(timer, layer, r, dims, ctx):
         if layer.partial and dims.tp > 1 else 0.0
     f, again, b, w = _passes(timer, layer, r, dims.recompute == "full")
     hf, h_again, hb, hw = _host(timer, layer, dims.recompute == "full")
-    return {"F": f, "B": again + b + w + partial + rs, "Bs": again + b, "W": w + partial + rs, "ag": ag,
+    saved = timer.bulk_saving(layer, r) if layer.name == "block" and dims.schedule != "zb_h1" else 0.0
+    return {"F": f, "B": again + b + w + partial + rs - saved, "Bs": again + b, "W": w + partial + rs, "ag": ag,
             "host F": hf, "host B": h_again + hb + hw, "host Bs": h_again + hb, "host W": hw}
 
 

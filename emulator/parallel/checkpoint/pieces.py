@@ -95,7 +95,7 @@ def rank_pieces(hooks, placements, coords, sizes):
     pieces, steps = [], set()
     for s, unit, layer in _units(hooks):
         layout, r, n = s.layouts[unit], s.comm.rank, s.comm.size
-        if s.full is not None:
+        if s.full is not None and not getattr(s, "stale", False):  # (a distributed optimizer's are in its slices)
             pieces += [_whole(f"model.{layer}.{k}", f"{layer}.{k}", s.full[unit][k], placements, coords, sizes)
                        for k in layout.names]
         else:
