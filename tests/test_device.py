@@ -13,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 from emulator import ConfigError, Topology, World
 from emulator.cost import busbw, collective_time
 from emulator.machine import device_calibration as cal
+from emulator.machine.device import gemm_model
 from emulator.machine.device import Device
 from emulator.machine.kernels import Kernel, attention, gemm, memory_bound
 from emulator.machine.topology import PUBLISHED_ALL_REDUCE_BUSBW_A100
@@ -91,6 +92,9 @@ def test_docstring_tables_state_the_data_and_the_model():
     """Each cited figure appears in the module's tables with the model's value beside it."""
     doc = cal.__doc__
     for f in cal.PUBLISHED_GEMM:
+        if f.source == cal.XLA:  # the sweep is data in the module (XLA_H100_GRID), named in its docstring
+            assert "XLA's measured sweep of 125 shapes" in " ".join(doc.split())
+            continue
         shape = " x ".join(map(str, f.shape))
         row = next(line for line in doc.splitlines() if line.startswith(f.device) and f" {shape} " in line)
         published, model = row[len(f.device):].split()[5:7]
@@ -112,14 +116,28 @@ SIZES = [1, 2, 3, 7, 64, 127, 128, 129, 1000, 4096, 8191, 65536, 1_000_000]
 
 
 @pytest.mark.parametrize("name", DEVICES)
-def test_gemm_time_grows_with_every_dim(name):
+def test_gemm_model_time_grows_with_every_dim(name):
+    """The tiled model's time never falls as a dimension grows (each tiling's does not, nor
+    their minimum); the measured sweep it is corrected to need not be so (next test)."""
     d = DEVICES[name]
     for m in SIZES[::3]:
         for n in SIZES[1::3]:
-            times = [d.time(gemm(m, n, k)) for k in SIZES]
+            times = [gemm_model(d, m, n, k) for k in SIZES]
             assert times == sorted(times), (m, n)
-            assert [d.time(gemm(x, n, 4096)) for x in SIZES] == sorted(d.time(gemm(x, n, 4096)) for x in SIZES)
-            assert [d.time(gemm(m, x, 4096)) for x in SIZES] == sorted(d.time(gemm(m, x, 4096)) for x in SIZES)
+            assert [gemm_model(d, x, n, 4096) for x in SIZES] == sorted(gemm_model(d, x, n, 4096) for x in SIZES)
+            assert [gemm_model(d, m, x, 4096) for x in SIZES] == sorted(gemm_model(d, m, x, 4096) for x in SIZES)
+
+
+def test_the_measured_sweep_is_not_monotone_and_the_device_follows_it():
+    """XLA's H100 sweep times 256 x 256 x 4096 (84.3 TFLOP/s: 6.4 us) below 256 x 256 x 1024
+    (19.5 TFLOP/s: 6.9 us): cuBLAS splits a long reduction over more SMs. The device takes
+    the measurement, not the monotone model."""
+    h100 = DEVICES["H100"]
+    sweep = dict(cal._H100_SWEEP)
+    measured = {k: 2 * 256 * 256 * k / (sweep[(256, 256, k)] * 1e12) for k in (1024, 4096)}
+    assert measured[4096] < measured[1024]
+    for k in (1024, 4096):
+        assert h100.time(gemm(256, 256, k)) == pytest.approx(measured[k], rel=1e-9)
 
 
 @settings(max_examples=300, deadline=None)
@@ -155,8 +173,10 @@ def test_large_gemms_reach_70_to_80_percent_of_the_h100_peak_and_small_ones_much
     assert 0.70 <= big <= 0.80
     assert h100.achieved_flops(gemm(1024, 1024, 1024)) / h100.peak_flops < 0.4
     skinny = gemm(8, 16384, 16384)  # a matrix-vector-like product: bound by reading the weight
-    assert h100.time(skinny) == pytest.approx(skinny.nbytes / h100.achieved_hbm + h100.rates.launch_seconds)
-    assert h100.achieved_flops(gemm(16384, 16384, 64)) < 0.15 * h100.peak_flops  # short reduction
+    assert h100.time(skinny) == pytest.approx(skinny.nbytes / h100.achieved_hbm + h100.rates.gemm_launch, rel=0.01)
+    short = gemm(16384, 16384, 64)  # a short reduction: bound by writing its output
+    assert h100.time(short) >= short.nbytes / h100.achieved_hbm
+    assert h100.achieved_flops(short) < 0.2 * h100.peak_flops
 
 
 def test_h200_has_the_h100_compute_and_its_own_hbm():
@@ -169,7 +189,8 @@ def test_h200_has_the_h100_compute_and_its_own_hbm():
 
 def test_products_count_and_head_dims_between_the_measured_ones():
     h100 = DEVICES["H100"]
-    assert h100.time(gemm(4096, 4096, 4096, count=3)) == pytest.approx(3 * h100.time(gemm(4096, 4096, 4096)))
+    one, three = h100.time(gemm(4096, 4096, 4096)), h100.time(gemm(4096, 4096, 4096, count=3))
+    assert one < three <= 3 * one  # a batch of products is one kernel: its tiles share the waves
     for pass_ in ("fwd", "bwd"):
         r64, r96, r128 = (h100.attention_rate(pass_, d, 4096, False) for d in (64, 96, 128))
         assert r64 < r96 < r128

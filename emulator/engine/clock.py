@@ -47,6 +47,7 @@ class Clock:
         self.n, self.topology = n, topology
         self.compute = [0.0] * n
         self.host = [0.0] * n  # when each rank's host has issued what it issued so far
+        self.busy = [[] for _ in range(n)]  # per rank, its compute's (start, end), in order
         self.deadline = list(deadline) if deadline is not None else [math.inf] * n  # when a rank dies
         self.streams = {}  # (rank, stream name) -> when that stream is free
         self.events = []  # (rank, stream, kind, name, start, end, group)
@@ -71,6 +72,8 @@ class Clock:
         t = self.compute[rank]
         end = min(t + seconds, self.deadline[rank])
         self.event(rank, "compute", "compute", name, t, end)
+        if end > t:
+            self.busy[rank].append((t, end))
         self.compute[rank] = max(t, end)
         if t + seconds > self.deadline[rank]:
             raise RankDied(rank, self.deadline[rank])
@@ -102,6 +105,15 @@ class Clock:
     def sync_host(self, rank):
         """The host waits for the GPU (it reads a result: the step's loss)."""
         self.host[rank] = max(self.host[rank], self.compute[rank])
+
+    def busy_between(self, rank, start, end):
+        """Seconds ``rank`` computed between ``start`` and ``end``."""
+        total = 0.0
+        for s, e in reversed(self.busy[rank]):
+            if e <= start:
+                break
+            total += max(0.0, min(e, end) - max(s, start))
+        return total
 
     def join(self, rank, end, what):
         """``rank`` waits for an operation that ends at ``end``."""

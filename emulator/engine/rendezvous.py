@@ -30,6 +30,7 @@ class Handle:
     def __init__(self, world, rank, work):
         self._world, self._rank, self._work = world, rank, work
         self._result, self._waited = None, False
+        self.contended = True  # its compute beside it is slowed (an NCCL collective), unless TE runs it
 
     def is_completed(self):
         return self._work.done
@@ -50,5 +51,12 @@ class Handle:
                 w._block(r, work.describe)
             self._result = work.result(r)
             self._waited = True
+            start = getattr(work, "start", None)
+            if self.contended and start is not None and work.end > start:  # compute ran beside it: slower
+                from ..machine.comm_overlap import contention
+
+                lost = contention(w.clock.busy_between(r, start, work.end))
+                if lost > 0:
+                    w.clock.advance(r, lost, f"compute slowed beside {work.op}")
         w.clock.join(r, work.end, work.op)
         return self._result

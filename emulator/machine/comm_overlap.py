@@ -13,7 +13,18 @@ userbuffers run them (``--tp-comm-overlap``; the methods and their defaults are 
 
 Both return when the pair ends, counted from when both could start; the emulator's timeline
 and the planner use the same two functions.
+
+Compute that runs while an NCCL collective runs on the same GPU (a data-parallel bucket's
+reduction, a prefetched all-gather) is slower: NCCL's kernels take SMs and memory bandwidth.
+:data:`NCCL_CONTENTION` is the average slowdown Lee et al. measured ("Characterizing
+Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning: Performance and
+Power Implications", arXiv:2507.03114, 2025: "an average computational slowdown of 18.9%",
+GPT and LLaMA layers on A100s, H100s, MI250 and MI210), charged on the compute each
+overlapped collective ran beside. Transformer Engine's overlaps take their SMs explicitly
+instead (``sm_slowdown``).
 """
+
+NCCL_CONTENTION = 0.189  # Lee et al. 2025, abstract: "an average computational slowdown of 18.9%"
 
 
 def ring_exchange(gemm, comm, n, arrivals=None):
@@ -40,3 +51,8 @@ def pipelined(gemm, comm, splits):
 def sm_slowdown(sms, taken):
     """A kernel's time on ``sms - taken`` of ``sms`` SMs, relative to all of them."""
     return sms / (sms - taken) if taken else 1.0
+
+
+def contention(overlapped):
+    """Seconds compute loses for running ``overlapped`` seconds beside an NCCL collective."""
+    return NCCL_CONTENTION * overlapped

@@ -135,11 +135,9 @@ class Device:
         if not kernel.flops:  # an empty product: nothing is launched
             return 0.0
         m, n, k = kernel.shape
-        r = self.rates
-        count = kernel.flops / (2.0 * m * n * k)  # gemm(..., count=c): c separate products
-        compute = 2.0 * m * n * (k + r.gemm_k_overhead) / (r.gemm_efficiency * self.peak_flops)
-        memory = kernel.nbytes / count / self.achieved_hbm
-        return count * (max(compute, memory) + r.launch_seconds)
+        count = max(1, round(kernel.flops / (2.0 * m * n * k)))  # a batch of products: one kernel
+        t = gemm_model(self, m, n, k, count, kernel.nbytes)
+        return t * _sweep_correction(self, m, n, k) if self.rates.sweep else t
 
     def attention_rate(self, pass_, head_dim, s_k, masked):
         """FLOP/s of a FlashAttention kernel: ``R(d) s / (s + s_half(d))`` (module docstring)."""
@@ -177,6 +175,78 @@ class Device:
 
     def _memory(self, kernel):
         return kernel.nbytes / self.achieved_hbm
+
+
+TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128))
+SPLITS = (1, 2, 4, 8)
+
+
+def gemm_model(device, m, n, k, count=1, nbytes=None):
+    """Seconds of ``count`` products (m x k) @ (k x n) in one kernel, as cuBLAS would pick its
+    tiling: for each output tile (tm x tn) and split of k, the tiles run in waves of one per
+    SM, each wave taking a tile's FLOPs at the SM's share of E x peak, smaller tiles losing
+    ``tile_penalty / (tm tn / (tm + tn))`` of it, every tile paying k0 steps of filling its
+    pipeline, a split-K its partial sums written and read back; the fastest choice, no less
+    than its bytes at the achieved HBM rate, plus the kernel's fixed cost t0."""
+    r = device.rates
+    per_sm = r.gemm_efficiency * device.peak_flops / device.sms
+    best = math.inf
+    for tm, tn in TILES:
+        eff = 1.0 - r.tile_penalty / (tm * tn / (tm + tn))
+        tiles = -(-m // tm) * -(-n // tn) * count
+        for split in SPLITS:
+            if split > 1 and k < 128 * split:
+                continue
+            waves = -(-tiles * split // device.sms)
+            t = waves * 2.0 * tm * tn * (-(-k // split) + r.gemm_k_overhead) / (eff * per_sm)
+            if split > 1:
+                t += r.split_k_seconds + 4.0 * m * n * count * split * 2 / device.achieved_hbm
+            best = min(best, t)
+    nbytes = nbytes if nbytes is not None else 2.0 * count * (m * k + k * n + m * n)
+    fixed = r.gemm_launch if r.gemm_launch is not None else r.launch_seconds
+    return max(best, nbytes / device.achieved_hbm) + fixed
+
+
+def _sweep_correction(device, m, n, k):
+    """The measured sweep's time over the model's, interpolated in log2(m, n, k) inside the
+    sweep; outside it the correction fades (per dimension beyond the sweep, 4096 / dim;
+    below it, dim / 256)."""
+    grid = _sweep_grid(device)
+    axes = grid["axes"]
+    lo, hi = axes[0], axes[-1]
+    point, fade = [], 1.0
+    for x in (m, n, k):
+        c = min(max(x, lo), hi)
+        fade *= min(1.0, hi / x, x / lo)
+        point.append(math.log2(c))
+    logs = [math.log2(a) for a in axes]
+    idx = []
+    for v in point:
+        j = min(max(0, sum(1 for L in logs if L <= v) - 1), len(logs) - 2)
+        idx.append((j, (v - logs[j]) / (logs[j + 1] - logs[j])))
+    total = 0.0
+    for corner in range(8):
+        w, key = 1.0, []
+        for d, (j, f) in enumerate(idx):
+            up = corner >> d & 1
+            w *= f if up else 1 - f
+            key.append(axes[j + up])
+        total += w * grid["log"][tuple(key)]
+    return math.exp(total * fade)
+
+
+_GRIDS = {}
+
+
+def _sweep_grid(device):
+    key = (device.rates, device.peak_flops, device.hbm_bandwidth, device.sms)
+    if key not in _GRIDS:
+        ratios = {}
+        for (m, n, k), tflops in device.rates.sweep:
+            measured = 2.0 * m * n * k / (tflops * 1e12)
+            ratios[(m, n, k)] = math.log(measured / gemm_model(device, m, n, k))
+        _GRIDS[key] = {"axes": sorted({m for m, _, _ in ratios}), "log": ratios}
+    return _GRIDS[key]
 
 
 def _interpolate(table, d):

@@ -188,6 +188,15 @@ class TERegions(TPRegions):
         self._charges().bulk_sms = self.sms if on else 0
 
 
+def _te(pending, bulk):
+    """A pending collective of TE's bulk overlap: it takes its SMs from the GEMMs explicitly
+    (``bulk``), so the compute beside it is not slowed again as beside an NCCL kernel."""
+    handle = getattr(pending, "handle", None)
+    if bulk and handle is not None:
+        handle.contended = False
+    return pending
+
+
 class ColumnThenRow:
     """The backward of a column-parallel part feeding a row-parallel one (attention's
     projections, the MLP), in B, W and B+W, given four pieces of the subclass:
@@ -224,14 +233,14 @@ class ColumnThenRow:
         d_out = self.r.reduce_back(dy)
         inner = self._inner(P, c, d_out)
         bulk = getattr(self.r, "bulk", None)
-        pending_x = self._gathered_input(c, d_out.dtype, async_op=True)
+        pending_x = _te(self._gathered_input(c, d_out.dtype, async_op=True), bulk)
         if bulk and not self.keep_gathered:
             bulk(True)
         dx_partial = self._input_grad(P, inner)
         xg = pending_x.wait()
         if bulk:
             bulk(False)
-        pending_dx = self.r.gather_back(dx_partial, async_op=True)
+        pending_dx = _te(self.r.gather_back(dx_partial, async_op=True), bulk)
         if bulk:
             bulk(True)
         grads = self._weight_grads(c, d_out, dy, inner, xg)
