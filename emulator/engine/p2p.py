@@ -247,12 +247,8 @@ class PointToPoint:
         for op in ops:
             if op.op.__name__ == "isend":
                 self._enqueue("send", op.tensor, op.peer, batch)
-            else:
-                buffer, src = self._recv_args(op.tensor, op.peer)
-                if buffer is None:
-                    raise PeerError(f"rank {me}: P2POp(comm.irecv, buffer, peer) needs a buffer to receive into, "
-                                    f"as torch's irecv fills the tensor it is given")
-                self._enqueue("recv", buffer, src, batch)
+            else:  # P2POp(comm.irecv, buffer, peer): the buffer is filled, as torch's irecv fills its tensor
+                self._enqueue("recv", *self._recv_args(op.tensor, op.peer), batch)
         w._p2p_batches[key] = (seq + 1, batch)
         if batch.ahead is None:
             batch.launch()
