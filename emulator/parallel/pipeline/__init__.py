@@ -2,7 +2,7 @@
 
 from .actions import Action, format_schedule, parse
 from .check import ScheduleError, bubble_of, dependencies, format_grid, in_flight, simulate, validate
-from .exchange import Step, format_program, program
+from .exchange import Step, format_program, local_program, program
 from .executor import (PipelineRun, blocking_loop, micro_batches, run, run_actions, sync_dp_grads,
                        train_pipeline)
 from .schedules import NAMES, schedule
@@ -11,4 +11,4 @@ from .stage import PipelineStage
 
 __all__ = ["Action", "format_schedule", "parse", "ScheduleError", "bubble_of", "dependencies", "format_grid",
            "in_flight", "simulate", "validate", "PipelineRun", "blocking_loop", "micro_batches", "run", "run_actions",
-           "sync_dp_grads", "train_pipeline", "Step", "format_program", "program", "NAMES", "schedule", "PipelineStage", "split_layers", "LocalParams"]
+           "sync_dp_grads", "train_pipeline", "Step", "format_program", "local_program", "program", "NAMES", "schedule", "PipelineStage", "split_layers", "LocalParams"]

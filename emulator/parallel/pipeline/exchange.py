@@ -93,6 +93,25 @@ def program(schedule, costs=None):
     return out
 
 
+def local_program(schedule):
+    """The pairing a rank can make alone, from its own actions: each receive in one batch
+    with the sends of the action before it (Megatron's ``send_forward_recv_backward`` and
+    ``send_backward_recv_forward`` without interleaving). Runs GPipe, 1F1B and ZB-H1, whose
+    neighbours exchange in step; interleaved 1F1B can leave two neighbours each waiting
+    for the other's later batch. Needs no timing, so it also runs (and lets the emulator
+    report) a schedule :func:`program` cannot play."""
+    p, _, v, _ = shape_of(schedule)
+    out = []
+    for r, acts in enumerate(schedule):
+        needs = [a for a in acts if any(dep[0] != r for dep in dependencies(p, v, r, a))]
+        steps = [Step(receives=(acts[0],))] if acts and acts[0] in needs else []
+        for a, nxt in zip(acts, list(acts[1:]) + [None]):
+            steps.append(Step((a,), tuple(x for x in (a,) if _sends(p, v, r, x)),
+                              (nxt,) if nxt is not None and nxt in needs else ()))
+        out.append(steps)
+    return out
+
+
 def _sends(p, v, rank, action):
     """Whether ``action``'s output goes to another rank."""
     s = stage_of(p, rank, action.chunk)

@@ -24,8 +24,8 @@ from ...errors import ConfigError, DeadlockError
 from ...engine.p2p import P2POp
 from ...training import local_batch, split_batch
 from .actions import shape_of
-from .check import validate
-from .exchange import program
+from .check import ScheduleError, validate
+from .exchange import local_program, program
 from .stage import PipelineStage
 
 
@@ -169,7 +169,10 @@ def run(world, model, params, schedule, x, y, costs=None, loop=None, check=True)
     micro_x, micro_y = micro_batches(x, y, m)
     stages = [None] * p
     loop = loop or run_actions
-    steps = program(schedule, costs)
+    try:
+        steps = program(schedule, costs)
+    except ScheduleError:  # a schedule that cannot be played (check=False): let the emulator say where it stops
+        steps = local_program(schedule)
 
     def rank_program(comm):
         stages[comm.rank] = PipelineStage(comm, model, params, v=v, split=split, costs=costs)
