@@ -50,7 +50,8 @@ from .checkpoint import Restart, Saver, TrainState
 from .context_parallel.layout import split_sequence
 from .mesh_hooks import MeshHooks
 from .mesh_model import RankModel, check_model
-from .pipeline import PipelineStage, program, run_actions, schedule, split_layers
+from .pipeline import PipelineStage, run_actions, schedule, split_layers
+from .pipeline.exchange import program as exchange_program
 from .pipeline.actions import stage_of
 from .placement import shard, unshard
 
@@ -176,7 +177,7 @@ def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_gra
     runs = split_layers(model, dims.stages)
     actions = schedule(dims.schedule, dims.pp, dims.micro_batches, dims.v)
     split = any(a.kind == "W" for acts in actions for a in acts)
-    steps = program(actions)  # when each rank's messages go (one batch per time step)
+    steps = exchange_program(actions)  # when each rank's messages go (one batch per time step)
     if clip_grad_norm is not None:
         clip_coefficient(1.0, clip_grad_norm)  # checks it
 
