@@ -203,7 +203,7 @@ def check_stage_loop(loop):
     ``steps`` is the rank's program (:func:`emulator.parallel.pipeline.program`)."""
     what = "Exercise 3.2"
     for name, p, m, v in [("gpipe", 2, 3, 1), ("1f1b", 4, 8, 1), ("1f1b", 4, 2, 1), ("zb_h1", 4, 6, 1),
-                          ("interleaved_1f1b", 2, 4, 2)]:
+                          ("interleaved_1f1b", 2, 4, 2), ("interleaved_1f1b", 3, 2, 2)]:
         model, params = tiny(p * v)
         (x, y), = synthetic_batches(1, m * 2, 4, 16, seed=p + m)
         s = pp.schedule(name, p, m, v)
@@ -239,8 +239,9 @@ def check_stage_loop(loop):
             peak = led.peak_by_kind["activations"]
             expect(peak <= least, f"{label}: rank {r} held {peak} bytes of activations at its peak; the schedule "
                    f"needs only {least}: free each micro-batch as soon as stage.finishes_backward says so")
-    passed(what, "your loop runs GPipe, 1F1B (m < p too), ZB-H1 and interleaved 1F1B: gradients equal one device's, "
-           "2m(pv-1) messages, activations freed as soon as each backward is done")
+    passed(what, "your loop runs GPipe, 1F1B (m < p too), ZB-H1 and interleaved 1F1B (m = 2p and m < p), each action "
+           "on what its neighbour sent: gradients equal one device's, 2m(pv-1) messages, activations freed as soon as "
+           "each backward is done")
 
 
 def check_zb_h1(fn):
