@@ -116,8 +116,10 @@ def loop_variant(free=True, scale=True, frees_at_end=False, first_by_rank=False,
             for a in step.actions:
                 inbound = None
                 if a in arriving:
-                    buffer, batch = arriving.pop(a)
-                    if wait:
+                    buffer, batch, i = arriving.pop(a)
+                    if per_op_handles:  # the handle of its receive, as if there were one per op
+                        batch[i].wait()
+                    elif wait:
                         for work in batch:
                             work.wait()
                     inbound = buffer
@@ -134,13 +136,13 @@ def loop_variant(free=True, scale=True, frees_at_end=False, first_by_rank=False,
                 if not ops:
                     continue
                 batch = comm.batch_isend_irecv(ops)
-                if per_op_handles:  # the receives' handles after the sends'
-                    batch = [batch[len(sends) + i] for i in range(len(recvs))]
                 works += batch
                 if eager:
                     for work in batch:
                         work.wait()
-                arriving.update({a: (buffers[a], batch) for a in step.receives if ops is not sends})
+                if ops is not sends:
+                    at = len(ops) - len(recvs)
+                    arriving.update({a: (buffers[a], batch, at + i) for i, a in enumerate(step.receives)})
         if wait:
             for work in works:
                 work.wait()

@@ -19,7 +19,7 @@ from ..errors import RankError
 from ..parallel import pipeline as pp
 from ..parallel.pipeline import executor, schedules
 from ..training import synthetic_batches, train_single
-from .common import CheckFailed, compare_arrays, expect, passed, run_on_emulator
+from .common import CheckFailed, compare_arrays, expect, one_handle_hint, passed, run_on_emulator
 from .refuse import refusing
 
 SCHEDULES = (schedules.schedule, schedules.one_f_one_b, schedules.gpipe, schedules.interleaved_1f1b,
@@ -173,7 +173,7 @@ def _watching(loop, label):
     return watched
 
 
-def _loop_hint(exc, original):
+def _loop_hint(exc):
     """What a failure of the loop most likely means."""
     text = str(exc)
     if "issued separately" in text:
@@ -185,11 +185,7 @@ def _loop_hint(exc, original):
         return ("\nEach step of the program is one batch: its sends and its receives together, posted after the "
                 "step's actions, in the program's order. Batches split another way (sends apart from receives, or a "
                 "receive moved to another step) leave two neighbours each waiting for a batch the other posts later.")
-    if isinstance(original, IndexError) or (isinstance(original, ValueError) and "unpack" in str(original)):
-        return ("\nbatch_isend_irecv returns a list holding one handle for the whole batch, as torch does on NCCL "
-                "(torch returns the coalescing manager's works: one Work): wait on that one, and read what arrived "
-                "from the buffers you passed to P2POp(comm.irecv, buffer, peer).")
-    return ""
+    return one_handle_hint(exc)
 
 
 def _reference_grads(model, params, x, y):
@@ -217,7 +213,7 @@ def check_stage_loop(loop):
                 original = exc.original if isinstance(exc, RankError) else None
                 if isinstance(original, (NotImplementedError, CheckFailed)):
                     raise original from None
-                raise CheckFailed(f"{label}: the loop failed on the emulator:\n{exc}{_loop_hint(exc, original)}") \
+                raise CheckFailed(f"{label}: the loop failed on the emulator:\n{exc}{_loop_hint(exc)}") \
                     from None
         ref = _reference_grads(model, params, x, y)
         got = run.grads()
