@@ -55,14 +55,15 @@ class Side:
         data, self.data = self.data, None  # hand the buffer over once
         if self.buffer is None:
             return data
-        self.buffer[...] = data
-        return self.buffer
+        buffer, self.buffer = self.buffer, None
+        buffer[...] = data
+        return buffer
 
     def deliver(self):
         """Write what arrived into the receive buffer (once)."""
         if self.kind == "recv" and self.data is not None:
             self.buffer[...] = self.data
-            self.data = None
+            self.data = self.buffer = None  # the run keeps its sides: not their arrays
 
     def queued(self):
         """Why this op has not started though it was posted ('' when it may start)."""
