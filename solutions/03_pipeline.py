@@ -11,7 +11,7 @@
 # executor runs any schedule on the emulated machine, so the bubble and the memory of
 # GPipe, 1F1B, interleaved 1F1B and zero-bubble pipelines are measured from the timeline
 # and the ledger, and set beside their formulas. You will write the 1F1B schedule
-# (Exercise 3.1), the loop that runs a schedule on one rank (3.2), the zero-bubble
+# (Exercise 3.1), the loop that runs one rank's part of a schedule (3.2), the zero-bubble
 # schedule ZB-H1 built from your 1F1B (3.3) and the gradient average that combines a
 # pipeline with data parallelism (3.4), and answer Problem 8.2 and a napkin on memory
 # against bubble.
@@ -618,8 +618,11 @@ viz.gantt(steps["two nodes of 4"].of_ranks(range(2, 6)), colors=ACTION_COLORS, l
 plt.show()
 
 # %% [markdown]
-# A fraction of a percent: one cut of seven crosses the NIC, once per micro-batch each way,
-# and its messages are small beside the stages' compute. Compare lesson 02's 1.4x for
+# (Each orange bar is one batch, one NCCL kernel on the pipeline group's stream: it holds
+# the stream from its launch, waiting for the neighbour's batch, until its transfers are
+# done, as a profiler shows NCCL's kernels.) A fraction of a percent: one cut of seven
+# crosses the NIC, once per micro-batch each way, and its messages are small beside the
+# stages' compute. Compare lesson 02's 1.4x for
 # tensor parallelism across nodes with a NIC per GPU. Hence the usual layout: tensor parallelism inside a node, pipeline stages
 # across nodes, data parallelism over what is left.
 #
