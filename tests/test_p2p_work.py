@@ -149,3 +149,20 @@ def test_a_collective_on_the_group_runs_after_its_batches():
     world.run(prog)
     (_, _, batch_end), (name, start, _) = kernels(world, 0)
     assert name == "all_reduce" and start >= batch_end > MS
+
+
+def test_a_batch_runs_on_the_group_of_its_ops_whichever_comm_posts_it():
+    """torch takes the group from the P2POps: peers are ranks of that group."""
+    def prog(comm):
+        pair = comm.new_group([0, 2]) if comm.rank in (0, 2) else None
+        if pair is None:
+            return None
+        buf = np.zeros(1)
+        (w,) = comm.batch_isend_irecv([P2POp(pair.isend, np.array([comm.rank + 1.0]), 1 - pair.rank),
+                                       P2POp(pair.irecv, buf, 1 - pair.rank)])
+        w.wait()
+        return float(buf[0])
+
+    world = World(3)
+    assert world.run(prog) == [3.0, None, 1.0]
+    assert {e.stream for e in world.timeline().events if e.kind == "comm"} == {"comm [0, 2]"}

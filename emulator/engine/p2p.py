@@ -175,7 +175,7 @@ class PointToPoint:
             return []
         # an op of a batch shows as its batch's kernel on the group's stream, not on its own
         streams = tuple(None if side.batch is not None else stream for side in (send, recv))
-        _, end = w.clock.charge("send", self.label, steps, (send.rank, recv.rank), t0, streams, (send.op, recv.op))
+        _, end = w.clock.charge("send", send.label, steps, (send.rank, recv.rank), t0, streams, (send.op, recv.op))
         recv.call.nbytes = data.nbytes
         recv.data, send.data = data, None
         freed = []
@@ -240,17 +240,18 @@ class PointToPoint:
             if op.comm.ranks != ops[0].comm.ranks:
                 raise ConfigError(f"rank {self.global_rank}: all ops of batch_isend_irecv must use one group, "
                                   f"got groups {op.comm.label} and {ops[0].comm.label}")
+        group = ops[0].comm  # the ops' group, whichever comm posts them (torch takes the P2POps' group)
         w, me = self._world, self.global_rank
-        key = (self.ranks, me)
+        key = (group.ranks, me)
         seq, last = w._p2p_batches.get(key, (0, None))
-        batch = Group(w, me, self.label, collective_stream(self.label), seq, last)
+        batch = Group(w, me, group.label, collective_stream(group.label), seq, last)
         for op in ops:
             if op.op.__name__ == "isend":
-                self._enqueue("send", op.tensor, op.peer, batch)
+                group._enqueue("send", op.tensor, op.peer, batch)
             else:  # P2POp(comm.irecv, buffer, peer): the buffer is filled, as torch's irecv fills its tensor
-                self._enqueue("recv", *self._recv_args(op.tensor, op.peer), batch)
+                group._enqueue("recv", *group._recv_args(op.tensor, op.peer), batch)
         w._p2p_batches[key] = (seq + 1, batch)
         if batch.ahead is None:
             batch.launch()
-            self._start(list(batch.sides))
+            group._start(list(batch.sides))
         return [Handle(w, me, batch)]
