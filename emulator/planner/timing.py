@@ -264,9 +264,11 @@ def action_durations(actions, per_layer, dims):
 # ----------------------------------------------------------------- the pipeline
 def simulate(actions, durations, hop):
     """Play each rank's ``actions`` (lists of Action), action i of rank r lasting
-    ``durations[r][i]`` seconds; a cross-rank dependency starts its transfer when the
-    receiver reaches the action (and the sender has finished), and takes ``hop(src, dst)``
-    seconds. Returns ``{rank: [(action, start, end)]}``."""
+    ``durations[r][i]`` seconds; a cross-rank dependency's transfer starts when the sender
+    has finished (the executor posts the receive in its batch of that time step, ahead of
+    the action: :mod:`emulator.parallel.pipeline.exchange`), takes ``hop(src, dst)``
+    seconds, and the action starts once it has arrived and the rank is free. Returns
+    ``{rank: [(action, start, end)]}``."""
     p = len(actions)
     v = 1 + max(a.chunk for acts in actions for a in acts)
     last = p * v - 1
@@ -303,7 +305,7 @@ def simulate(actions, durations, hop):
                 if done is None:
                     waiting[dep] = r
                     break
-                t = (done if done > t else t) + h
+                t = max(t, done + h)
             starts[r].append(t)
             t += dur[i]
             end[key] = t
