@@ -77,17 +77,17 @@ def _layer_label(action, layer, what):
 def train(comm, model, strategy, batches, micro_batches=1, recompute=False):
     """Train with ``strategy`` (see :mod:`emulator.parallel`) on ``batches`` (global (x, y)
     pairs), on this rank. Returns a :class:`TrainResult`."""
-    from .parallel.pipeline import PipelineStage, run_actions, schedule
+    from .parallel.pipeline import PipelineStage, program, run_actions, schedule
 
     solo = comm.new_group([comm.global_rank])  # a pipeline of one stage: no messages
     stage = PipelineStage(solo, model, hooks=strategy, recompute="full" if recompute else "none",
                           label=_layer_label, release="layer")
-    actions = schedule("1f1b", 1, micro_batches)[0]
+    steps = program(schedule("1f1b", 1, micro_batches))[0]
     losses = []
     for x, y in batches:
         xl, yl = local_batch(strategy.comm, x, y)
         parts = split_batch(xl, yl, micro_batches, "micro-batches")
-        step_losses = run_actions(solo, stage, actions, [p[0] for p in parts], [p[1] for p in parts])
+        step_losses = run_actions(solo, stage, steps, [p[0] for p in parts], [p[1] for p in parts])
         strategy.step()
         stage.losses, stage.done = {}, []
         losses.append(float(np.mean([step_losses[i] for i in sorted(step_losses)])))

@@ -6,9 +6,10 @@ one process and against torch.distributed.pipelining.
 P ranks are P pipeline stages of the course GPT (the emulator's parameters, 2P blocks):
 
 * by hand (``gpu_labs/torch_parallel/pipeline.py``): the schedule comes from
-  ``emulator.parallel.pipeline.schedule("1f1b", P, m)``; each rank walks its actions,
-  receiving, computing and sending with ``batch_isend_irecv``, as the lesson's executor
-  does. Loss and every gradient must equal one process running the whole model (exits
+  ``emulator.parallel.pipeline.schedule("1f1b", P, m)``; each rank runs its program
+  (``pipeline.program``): its actions, each step followed by one ``batch_isend_irecv``
+  of what it sends and receives then, each batch waited for before the action that reads
+  it, as the lesson's executor does. Loss and every gradient must equal one process running the whole model (exits
   non-zero naming the rank and tensor otherwise). Its calls go to
   ``--out``/03_pipeline.calls.json (the format of ``emulator.records.calls``); a test checks they
   are the calls the emulator's executor makes.
@@ -183,7 +184,7 @@ def measure_bubble(args, p, m, rank, device, dtype, schedule):
         ex = Executor(chunks, p, rank, Recorder(), (len(bx) // m, seq, width), device, dtype)
         dist.all_reduce(one)
         clock = Clock(device)
-        ex.step(schedule[rank], bxt, byt, clock=clock)
+        ex.step(pp.program(schedule)[rank], bxt, byt, clock=clock)
         dist.all_reduce(one)
         end = clock.mark()
         for c in chunks.values():
@@ -230,7 +231,7 @@ def main():
     micro_y = list(torch.tensor(y, device=device).chunk(m))
     schedule = pp.schedule("1f1b", p, m)
     ex = Executor(chunks, p, rank, rec, (len(x) // m, S, D), device, dtype)
-    losses = [float(v) for v in ex.step(schedule[rank], micro_x, micro_y).values()]
+    losses = [float(v) for v in ex.step(pp.program(schedule)[rank], micro_x, micro_y).values()]
     if rank == p - 1 and args.self_test_fault == "drop-gradient":  # a stage whose weight never got a gradient
         next(iter(chunks[0].weights.values())).grad = None
     if rank == p - 1 and args.self_test_fault == "wrong-gradient":

@@ -290,8 +290,10 @@ except DeadlockError as exc:
 # Every rank waits in its send for a receive that nobody will ever post. NCCL hangs the same
 # way (with a timeout minutes later, not a report). Two fixes: post the send and the
 # receive together, `comm.batch_isend_irecv([P2POp(comm.isend, chunk, right),
-# P2POp(comm.irecv, buffer, left)])`, which returns one handle per operation to `wait()`
-# on; or break the cycle by ordering them (even ranks send first, odd ranks receive first).
+# P2POp(comm.irecv, buffer, left)])`: one NCCL group, returned as a list holding one handle
+# for the whole batch (as torch does on NCCL; loop over the list and `wait()`), after which
+# the received chunk is in `buffer`; or break the cycle by ordering them (even ranks send
+# first, odd ranks receive first).
 #
 # **Exercise 0.4** — the ring all-reduce as a per-rank program, from point-to-point calls
 # only (`batch_isend_irecv` with `P2POp`, or `send`/`recv` in a safe order). Rank $r$ talks

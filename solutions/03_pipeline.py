@@ -11,7 +11,7 @@
 # executor runs any schedule on the emulated machine, so the bubble and the memory of
 # GPipe, 1F1B, interleaved 1F1B and zero-bubble pipelines are measured from the timeline
 # and the ledger, and set beside their formulas. You will write the 1F1B schedule
-# (Exercise 3.1), the loop that runs a schedule on one rank (3.2), the zero-bubble
+# (Exercise 3.1), the loop that runs one rank's part of a schedule (3.2), the zero-bubble
 # schedule ZB-H1 built from your 1F1B (3.3) and the gradient average that combines a
 # pipeline with data parallelism (3.4), and answer Problem 8.2 and a napkin on memory
 # against bubble.
@@ -272,45 +272,70 @@ grade.napkin_memory_vs_bubble(napkin_memory_vs_bubble)
 #   receive buffers; `stage.losses` the losses the last stage computed.
 #
 # How to send matters. On NCCL a send completes only when the receiver posts the matching
-# receive. Post each receive together with the sends of the action before it, in one
-# `comm.batch_isend_irecv([...])` of `P2POp(comm.isend, tensor, peer)` and
-# `P2POp(comm.irecv, buffer, peer)`, wait only for the receive, and wait for the sends at
-# the end of the step (Megatron also posts a step's sends and receives in one batch).
-# Separate `comm.isend` and `comm.irecv` calls are not the same thing: section 5 shows
-# why.
+# receive. `comm.batch_isend_irecv([...])` of `P2POp(comm.isend, tensor, peer)` and
+# `P2POp(comm.irecv, buffer, peer)` posts several at once as **one NCCL group**: it returns
+# a list holding one handle for the whole batch (torch's NCCL path returns exactly that),
+# whose `wait()` returns once every send and receive in it is done; what arrived is then in
+# the buffers you passed. And the batches a rank posts on a group run one after the other,
+# each only once the one before it has completed. So *when* each batch goes matters as much
+# as what is in it: two neighbours must post the two ends of every message in batches that
+# meet. `pp.program(schedule)` says when, for every rank: a list of steps, each computing
+# `step.actions`, then posting one batch that sends the outputs of `step.sends` and
+# receives the inputs of `step.receives` (actions that run later). A batch holds what the
+# rank sends at one moment of the schedule and what its neighbours send it at that same
+# moment, as Megatron's interleaved schedule and torch's pipeline runtime pair them. Rank
+# 1 of 1F1B on 4 ranks with 4 micro-batches:
+
+# %%
+print(pp.format_program(pp.program(pp.schedule("1f1b", 4, 4))).splitlines()[1])
+
+# %% [markdown]
+# Steady state: after each forward, one batch sends its activations on and receives the
+# gradient that comes back at that moment; after each backward, one sends the gradient back
+# and receives the next micro-batch. A batch with a receive can be waited for later, just
+# before the action that reads it, so the compute does not stall on a send.
 #
-# **Exercise 3.2** — write the loop for one rank: `loop(comm, stage, actions, micro_x,
-# micro_y)` returns `stage.losses`. `comm` is the pipeline group; every neighbour is
-# another rank (p ≥ 2). The check runs GPipe, 1F1B, zero bubble (with `W` actions) and
-# interleaved schedules with it, compares the gradients with one device, counts the
+# **Exercise 3.2** — write the loop for one rank: `loop(comm, stage, steps, micro_x,
+# micro_y)` runs the rank's program `steps` and returns `stage.losses`. `comm` is the
+# pipeline group; every neighbour is another rank (p ≥ 2). For each step compute its
+# actions, each on its input (the batch that brings it waited for first), then post the
+# step's batch; at the end wait for every batch. The check runs GPipe, 1F1B, zero bubble
+# (with `W` actions) and interleaved schedules with it, compares the gradients with one
+# device, checks that every action reads exactly what its neighbour sent, counts the
 # messages and reads the ledger.
 
 # %%
-def stage_loop(comm, stage, actions, micro_x, micro_y):
+def stage_loop(comm, stage, steps, micro_x, micro_y):
     ### BEGIN SOLUTION: Exercise 3.2: the per-rank loop
     shape, dtype = stage.boundary(micro_x[0])
-    pending, sends = [], []
-    for a in actions:
-        src = stage.source(a)
-        ops = pending + ([P2POp(comm.irecv, np.empty(shape, dtype), src[0])] if src else [])
-        handles = comm.batch_isend_irecv(ops) if ops else []
-        sends += handles[:len(pending)]
-        inbound = handles[-1].wait() if src else None
-        if a.kind == "F":
-            x_in = micro_x[a.microbatch] if stage.is_first(a.chunk) else inbound
-            out = stage.forward(a, x_in, micro_y[a.microbatch])
-        elif a.kind == "B":
-            out = stage.backward(a, inbound, scale=1 / len(micro_x))
-        else:
-            out = stage.backward_weight(a)
-        if stage.finishes_backward(a):
-            stage.free(a)
-        dst = stage.destination(a)
-        pending = [P2POp(comm.isend, out, dst[0])] if dst else []
-    if pending:
-        sends += comm.batch_isend_irecv(pending)
-    for h in sends:
-        h.wait()
+    arriving, works = {}, []  # action -> (its buffer, the handles of the batch that brings it)
+    for step in steps:
+        out = {}
+        for a in step.actions:
+            inbound = None
+            if a in arriving:
+                buffer, batch = arriving.pop(a)
+                for work in batch:  # one handle: the whole batch
+                    work.wait()
+                inbound = buffer  # filled now
+            if a.kind == "F":
+                x_in = micro_x[a.microbatch] if stage.is_first(a.chunk) else inbound
+                out[a] = stage.forward(a, x_in, micro_y[a.microbatch])
+            elif a.kind == "B":
+                out[a] = stage.backward(a, inbound, scale=1 / len(micro_x))
+            else:
+                stage.backward_weight(a)
+            if stage.finishes_backward(a):
+                stage.free(a)
+        buffers = {a: np.empty(shape, dtype) for a in step.receives}
+        ops = [P2POp(comm.isend, out[a], stage.destination(a)[0]) for a in step.sends]
+        ops += [P2POp(comm.irecv, buffers[a], stage.source(a)[0]) for a in step.receives]
+        if ops:
+            batch = comm.batch_isend_irecv(ops)
+            works += batch
+            arriving.update({a: (buffers[a], batch) for a in step.receives})
+    for work in works:
+        work.wait()
     return stage.losses
     ### END SOLUTION
 
@@ -371,13 +396,33 @@ except DeadlockError as err:
 # Megatron-LM's path without batching (`_p2p_ops` in
 # `megatron/core/pipeline_parallel/p2p_communication.py`) orders the calls instead: even
 # pipeline ranks send first, odd ranks receive first, so the two ends of every pair match.
-# One more difference from the emulator: on NCCL, `batch_isend_irecv` returns a single
-# handle for the whole batch, so waiting for the receive also waits for the batch's
-# sends. Run here with each batch waited for whole, your loop still runs GPipe, 1F1B and
-# ZB-H1; under interleaved 1F1B two neighbours then each wait for the other's sends (at
-# $p = 2$, $m = 4$, $v = 2$, for instance). That is why Megatron's interleaved steady
-# state puts a step's forward and backward messages in one batch
-# (`send_forward_backward_recv_forward_backward`).
+#
+# And why does the program pair messages by moment, not simply each receive with the
+# sends of the action before it, which a rank could decide alone? That pairing,
+# `pp.local_program`, is Megatron's without interleaving (`send_forward_recv_backward`
+# after a forward, `send_backward_recv_forward` after a backward), and it runs GPipe, 1F1B
+# and ZB-H1, whose neighbours exchange in step. Under interleaved 1F1B a micro-batch goes
+# around the ranks $v$ times, and from $m = 2p$ on two neighbours each wait in a batch for
+# a message the other posts only in a later one:
+
+# %%
+inter = pp.schedule("interleaved_1f1b", 2, 4, 2)
+local = pp.local_program(inter)
+try:
+    pp.run(World(2), model, params, inter, x[:8], y[:8],
+           loop=lambda comm, stage, steps, mx, my: pp.run_actions(comm, stage, local[comm.rank], mx, my))
+except DeadlockError as err:
+    print(str(err).split("hint:")[0])
+
+# %% [markdown]
+# Megatron's interleaved schedule pairs by step instead: every rank runs the same
+# sequence of steps, and in the steady state one batch per step,
+# `send_forward_backward_recv_forward_backward`, sends both outputs and receives what the
+# neighbours sent in that same step (the first rank, $p - 1$ steps ahead of the last,
+# receives what it sent $p - 1$ steps before). torch's `PipelineScheduleMulti` posts one
+# batch per time step of its schedule table. `pp.program` finds those moments for any
+# schedule by playing it with equal stages, so the same pairing serves every $m$, the
+# $m < p$ that Megatron refuses included.
 #
 # A schedule can be wrong before any message is sent. `pp.validate` checks that each
 # action appears once, in an order that can run, with messages between two ranks matched
@@ -569,12 +614,15 @@ for label, gpn in (("one node of 8", 8), ("two nodes of 4", 4)):
     print(f"{label:15s}: step {steps[label].makespan * 1e3:.2f} ms")
 print(f"crossing nodes costs {steps['two nodes of 4'].makespan / steps['one node of 8'].makespan - 1:.1%} more")
 viz.gantt(steps["two nodes of 4"].of_ranks(range(2, 6)), colors=ACTION_COLORS, label_events=False,
-          streams=("p2p 3->4", "p2p 4->3"), title="1F1B over two nodes (ranks 2-5; the cut 3 -> 4 crosses nodes)")
+          streams=("comm world",), title="1F1B over two nodes (ranks 2-5; the cut 3 -> 4 crosses nodes)")
 plt.show()
 
 # %% [markdown]
-# A fraction of a percent: one cut of seven crosses the NIC, once per micro-batch each way,
-# and its messages are small beside the stages' compute. Compare lesson 02's 1.4x for
+# (Each orange bar is one batch, one NCCL kernel on the pipeline group's stream: it holds
+# the stream from its launch, waiting for the neighbour's batch, until its transfers are
+# done, as a profiler shows NCCL's kernels.) A fraction of a percent: one cut of seven
+# crosses the NIC, once per micro-batch each way, and its messages are small beside the
+# stages' compute. Compare lesson 02's 1.4x for
 # tensor parallelism across nodes with a NIC per GPU. Hence the usual layout: tensor parallelism inside a node, pipeline stages
 # across nodes, data parallelism over what is left.
 #

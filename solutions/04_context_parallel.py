@@ -290,7 +290,8 @@ grade.check_zigzag(zigzag_split, zigzag_gather, visible)
 # scores into those rows with your `online_update`, and charge what you computed with
 # `comm.compute(flops=4 * b * heads * n_q * n_k * d)`. Post the next block's transfer
 # before computing: `comm.batch_isend_irecv([P2POp(comm.isend, x, right), P2POp(comm.irecv,
-# buffer, left)])`, and wait after. Hold no more than the block in use and the one
+# buffer, left)])`, and wait after (the list holds one handle for the batch, as on NCCL;
+# the block is then in `buffer`). Hold no more than the block in use and the one
 # arriving. The check compares with full attention on 1 to 8 ranks, causal or not, in
 # both layouts, reads the trace, the timeline (overlap, and each rank's compute against
 # what its mask leaves) and measures what your ranks hold.
@@ -304,7 +305,8 @@ def ring_forward(comm, q, k, v, causal=False, layout="contiguous"):
     kv = np.stack([k, v])
     for t in range(c):
         if t < c - 1:  # the next block travels while this one is used
-            handles = comm.batch_isend_irecv([P2POp(comm.isend, kv, right), P2POp(comm.irecv, np.empty_like(kv), left)])
+            arriving = np.empty_like(kv)
+            batch = comm.batch_isend_irecv([P2POp(comm.isend, kv, right), P2POp(comm.irecv, arriving, left)])
         q0 = 0
         for qs, qn in cp.chunks_of(comm.rank, c, n, layout):  # my pieces
             rows, k0 = slice(q0, q0 + qn), 0
@@ -319,8 +321,9 @@ def ring_forward(comm, q, k, v, causal=False, layout="contiguous"):
                 k0 += kn
             q0 += qn
         if t < c - 1:
-            kv = handles[1].wait()
-            handles[0].wait()
+            for work in batch:  # one handle for the batch
+                work.wait()
+            kv = arriving
     return acc / l[..., None]
     ### END SOLUTION
 
@@ -399,15 +402,13 @@ def ring_backward(comm, q, k, v, out, lse, dout, causal=False, layout="contiguou
                 k0 += kn
             q0 += qn
         if c > 1:  # the block and its gradients move on together; after the last step, home
-            moved = [P2POp(comm.isend, dkv, right), P2POp(comm.irecv, np.empty_like(dkv), left)]
+            new_dkv, new_kv = np.empty_like(dkv), np.empty_like(kv)
+            moved = [P2POp(comm.isend, dkv, right), P2POp(comm.irecv, new_dkv, left)]
             if t < c - 1:
-                moved += [P2POp(comm.isend, kv, right), P2POp(comm.irecv, np.empty_like(kv), left)]
-            handles = comm.batch_isend_irecv(moved)
-            dkv = handles[1].wait()
-            if t < c - 1:
-                kv = handles[3].wait()
-            for h_ in handles[::2]:
-                h_.wait()
+                moved += [P2POp(comm.isend, kv, right), P2POp(comm.irecv, new_kv, left)]
+            for work in comm.batch_isend_irecv(moved):
+                work.wait()
+            dkv, kv = new_dkv, new_kv
     return dq, dkv[0], dkv[1]
     ### END SOLUTION
 

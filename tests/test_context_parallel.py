@@ -101,7 +101,7 @@ def test_ring_forward_trace_and_overlap():
     tl = world.timeline()
     for r in range(c):  # each transfer runs while the rank computes on the block it holds
         computes = tl.of(r, "compute", "compute")
-        transfers = [e for e in tl.events if e.rank == r and e.stream.startswith("p2p") and e.kind == "comm"]
+        transfers = [e for e in tl.events if e.rank == r and e.stream == "comm world" and e.kind == "comm"]
         assert len(computes) == c and transfers
         assert all(any(t.start < e.end and e.start < t.end for e in computes) for t in transfers)
 

@@ -128,6 +128,31 @@ def test_spmd_ring_with_non_neighbour_peers_fails():
         g.check_spmd_ring_all_reduce(direct)
 
 
+def per_op_ring(comm, x):
+    """The ring with batch_isend_irecv read as one handle per operation (its receive's
+    wait() taken for the data): on NCCL, as here, the batch has one handle."""
+    from emulator import P2POp
+
+    n, r = comm.size, comm.rank
+    chunks = np.split(x, n)
+    for s in range(n - 1):
+        c = (r - s - 2) % n
+        hs = comm.batch_isend_irecv([P2POp(comm.isend, chunks[(r - s - 1) % n], (r + 1) % n),
+                                     P2POp(comm.irecv, np.empty_like(chunks[c]), (r - 1) % n)])
+        chunks[c] = chunks[c] + hs[1].wait()
+    for s in range(n - 1):
+        hs = comm.batch_isend_irecv([P2POp(comm.isend, chunks[(r - s) % n], (r + 1) % n),
+                                     P2POp(comm.irecv, np.empty_like(chunks[0]), (r - 1) % n)])
+        chunks[(r - s - 1) % n] = hs[1].wait()
+    return np.concatenate(chunks)
+
+
+def test_spmd_ring_reading_one_handle_per_operation_fails_and_says_why():
+    with pytest.raises(CheckFailed, match=r"n=2: the program failed(.|\n)*IndexError(.|\n)*returns a list holding "
+                                          r"one handle for the whole batch"):
+        g.check_spmd_ring_all_reduce(per_op_ring)
+
+
 def test_spmd_ring_in_even_odd_order_passes(capsys):
     def even_odd(comm, x):
         n, r = comm.size, comm.rank

@@ -158,6 +158,14 @@ def test_zigzag_check(capsys):
 
 
 # ----------------------------------------------------------------- Exercise 4.3
+def swap(comm, x, to, frm):
+    """One batch: send ``x`` to ``to``, receive the same shape from ``frm``; returns what came."""
+    buf = np.empty_like(x)
+    for w in comm.batch_isend_irecv([P2POp(comm.isend, x, to), P2POp(comm.irecv, buf, frm)]):
+        w.wait()
+    return buf
+
+
 def ring_variant(overlap=True, both_ways=False, separate_messages=False, skip="quarters", gather_all=False,
                  library_state=False, update=update_by_logaddexp):
     """A ring forward; right by default (K and V in one message or two, the student's own
@@ -171,11 +179,14 @@ def ring_variant(overlap=True, both_ways=False, separate_messages=False, skip="q
         held = []
 
         def post(kk, vv):
+            """One batch; returns (its handles, the buffers that will hold K and V)."""
             if separate_messages:
-                return comm.batch_isend_irecv([P2POp(comm.isend, kk, right), P2POp(comm.irecv, np.empty_like(kk), left),
-                                               P2POp(comm.isend, vv, right), P2POp(comm.irecv, np.empty_like(vv), left)])
+                bufs = np.empty_like(kk), np.empty_like(vv)
+                return comm.batch_isend_irecv([P2POp(comm.isend, kk, right), P2POp(comm.irecv, bufs[0], left),
+                                               P2POp(comm.isend, vv, right), P2POp(comm.irecv, bufs[1], left)]), bufs
+            buf = np.empty((2,) + kk.shape)
             return comm.batch_isend_irecv([P2POp(comm.isend, np.stack([kk, vv]), right),
-                                           P2POp(comm.irecv, np.empty((2,) + kk.shape), left)])
+                                           P2POp(comm.irecv, buf, left)]), buf
 
         for t in range(c):
             hs = post(k, v) if t < c - 1 and overlap else None
@@ -203,12 +214,12 @@ def ring_variant(overlap=True, both_ways=False, separate_messages=False, skip="q
             if t < c - 1 and not overlap:
                 hs = post(k, v)
             if both_ways and t < c - 1:
-                comm.batch_isend_irecv([P2POp(comm.isend, k, left), P2POp(comm.irecv, np.empty_like(k), right)])[1].wait()
+                swap(comm, k, left, right)
             if hs:
-                if separate_messages:
-                    k, v = hs[1].wait(), hs[3].wait()
-                else:
-                    k, v = hs[1].wait()
+                works, bufs = hs
+                for w in works:  # one handle for the batch
+                    w.wait()
+                k, v = bufs
         if gather_all:
             mine = cp.positions(comm.rank, c, n, layout)
             keys = np.concatenate([b[1] for b in held], -2)
@@ -280,7 +291,12 @@ def test_layouts_are_measured_on_the_students_ring(capsys):
 
 # ----------------------------------------------------------------- Exercise 4.4
 def backward_recomputing_lse(comm, q, k, v, out, lse, dout, causal=False, layout="contiguous", send_home=True):
-    """Right, written differently: K/V and dK/dV in one message; whole blocks, masked."""
+    """Right, written differently: whole blocks, masked; K/V and dK/dV in one batch, sent
+    together even after the last step (K/V home too, unused). With one handle per batch
+    every rank waits for its neighbours in each step, so all ranks reach their peak
+    together: the whole-block scores are let go before the batch and dK/dV is summed in
+    place (a new dK/dV per step, or the scores held through the batch, put every rank
+    over the check's bound of two K/V blocks beyond the library's)."""
     c, n, d = comm.size, q.shape[-2], q.shape[-1]
     right, left = (comm.rank + 1) % c, (comm.rank - 1) % c
     mine = cp.positions(comm.rank, c, n, layout)
@@ -292,12 +308,15 @@ def backward_recomputing_lse(comm, q, k, v, out, lse, dout, causal=False, layout
         p = np.where(seen, np.exp(q @ kv[0].swapaxes(-1, -2) / np.sqrt(d) - lse[..., None]), 0.0)
         ds = p * (dout @ kv[1].swapaxes(-1, -2) - delta)
         dq += ds @ kv[0] / np.sqrt(d)
-        dkv = dkv + np.stack([ds.swapaxes(-1, -2) @ q / np.sqrt(d), p.swapaxes(-1, -2) @ dout])
+        dkv[0] += ds.swapaxes(-1, -2) @ q / np.sqrt(d)
+        dkv[1] += p.swapaxes(-1, -2) @ dout
+        del p, ds  # whole-block scores: not held while the batch is in flight
         if t < c - 1 or (send_home and c > 1):
-            both = np.stack([kv, dkv])
-            got = comm.batch_isend_irecv([P2POp(comm.isend, both, right),
-                                          P2POp(comm.irecv, np.empty_like(both), left)])[1].wait()
-            kv, dkv = got[0], got[1]
+            got = np.empty_like(kv), np.empty_like(dkv)
+            for w in comm.batch_isend_irecv([P2POp(comm.isend, kv, right), P2POp(comm.isend, dkv, right),
+                                             P2POp(comm.irecv, got[0], left), P2POp(comm.irecv, got[1], left)]):
+                w.wait()
+            kv, dkv = got
     return dq, dkv[0], dkv[1]
 
 
@@ -329,16 +348,12 @@ def backward_gathering(collective):
             held = np.stack(parts[:4])
             small = np.concatenate([out, lse[..., None]], -1)
             for t in range(1, c):
-                hs = comm.batch_isend_irecv([P2POp(comm.isend, held, (comm.rank + 1) % c),
-                                             P2POp(comm.irecv, np.empty_like(held), (comm.rank - 1) % c)])
-                held = hs[1].wait()
+                held = swap(comm, held, (comm.rank + 1) % c, (comm.rank - 1) % c)
                 src = (comm.rank - t) % c
                 for i in range(4):
                     got[i][src] = held[i]
                 if c > 1:  # out and lse travel too
-                    hs = comm.batch_isend_irecv([P2POp(comm.isend, small, (comm.rank + 1) % c),
-                                                 P2POp(comm.irecv, np.empty_like(small), (comm.rank - 1) % c)])
-                    small = hs[1].wait()
+                    small = swap(comm, small, (comm.rank + 1) % c, (comm.rank - 1) % c)
                     got[4][src], got[5][src] = small[..., :-1], small[..., -1:]
         q_all, k_all, v_all, do_all, out_all, lse_all = (cp.gather_sequence(x, layout) for x in got)
         dq, dk, dv = dense_backward(q_all, k_all, v_all, do_all, out_all, lse_all[..., 0], causal)

@@ -3,9 +3,10 @@
 Each rank has a **compute stream** (its clock: ``comm.compute`` advances it) and one
 **communication stream per group** it uses, as ``ProcessGroupNCCL`` has: collectives on a
 group run on that group's stream in the order they were issued, and point-to-point
-transfers run on a stream per pair of ranks and direction (torch creates a communicator,
-and a stream, per pair for send/recv; NCCL progresses a send and a receive between two
-ranks at once when they are grouped, as ``batch_isend_irecv`` does). An operation starts when every rank taking part is ready (it
+transfers issued separately run on a stream per pair of ranks and direction (torch creates
+a communicator, and a stream, per pair for a lone send or recv), while a
+``batch_isend_irecv`` is one NCCL group, one kernel on its group's stream (torch runs it on
+the group's communicator). An operation starts when every rank taking part is ready (it
 has issued it and its stream is free) and every port it needs is free
 (:mod:`emulator.machine.links`). ``handle.wait()`` joins a stream into the compute stream: the
 rank's clock moves to the operation's end, and the gap shows as idle.
@@ -141,8 +142,9 @@ class Clock:
     def charge(self, op, label, steps, ranks, t0, streams, names):
         """Place an operation whose ``steps`` (Messages, group-local ranks) run on the
         group ``ranks``, not before ``t0``: book its ports, record its messages, put it on
-        each rank's stream (``streams[i]`` for ``ranks[i]``, event named ``names[i]``).
-        Returns its (start, end)."""
+        each rank's stream (``streams[i]`` for ``ranks[i]``, event named ``names[i]``; None:
+        the rank's part runs inside a kernel placed with :meth:`kernel`). Returns its
+        (start, end)."""
         pattern = self._pattern(steps, ranks) if steps else None
         duration = pattern.total if pattern else 0.0
         ports = None
@@ -154,9 +156,16 @@ class Clock:
             self.ports.book(ports, start, end)
             self.batches.append(Batch(op, label, pattern, start))
         if end > start:
-            self.events.extend([(r, s, "comm", name, start, end, label) for r, s, name in zip(ranks, streams, names)])
-        self.streams.update({(r, s): end for r, s in zip(ranks, streams)})
+            self.events.extend([(r, s, "comm", name, start, end, label) for r, s, name in zip(ranks, streams, names)
+                                if s is not None])
+        self.streams.update({(r, s): end for r, s in zip(ranks, streams) if s is not None})
         return start, end
+
+    def kernel(self, rank, stream, name, start, end, label):
+        """One kernel on ``stream`` of ``rank`` from ``start`` to ``end`` (a batch of point
+        to point, one NCCL group: its transfers were charged with ``charge``)."""
+        self.event(rank, stream, "comm", name, start, end, label)
+        self.streams[(rank, stream)] = max(end, self.free(rank, stream))
 
     def span(self, steps, ranks, t0):
         """When an operation would run (start, end) if charged now, booking nothing."""

@@ -9,13 +9,25 @@
   handle returns the received array (written into ``buffer`` when one was given; the
   buffer fixes the shape and dtype expected).
 * ``comm.batch_isend_irecv([P2POp(comm.isend, x, right), P2POp(comm.irecv, buf, left)])``
-  posts several at once and returns their handles, as ``torch.distributed`` does.
+  posts several at once as one NCCL group and returns a list holding **one** handle for
+  the whole batch, as torch's NCCL path does (:mod:`emulator.engine.p2p_work` cites it):
+  ``for work in comm.batch_isend_irecv(ops): work.wait()`` waits for every operation, and
+  the received arrays are then in ``buf``. The batches a rank posts on a group run one
+  after the other on the group's stream (``"comm pp"``, the stream its collectives use),
+  each one a single kernel there on the timeline.
 
 Peers are ranks *within the comm's group* (``comm.rank`` numbering); traces record global
 ranks. The k-th send from a to b matches the k-th recv on b from a (per group, in
-order). A transfer starts when both sides have been posted and their streams are free:
-each rank has a stream per peer and direction (``"p2p 0->1"``), so a send and a receive
-between two ranks progress at once, as they do when NCCL runs them in one group.
+order), whichever batch or call posted them. A transfer starts when both of its ends may
+progress: for an op of a batch, once the batch has been launched (the batch before it on
+the stream has completed); for an op issued separately, once it is posted and its pair's
+stream (``"p2p 0->1"``) is free. A batch completes when all its transfers have, and only
+then is the next one on its stream launched. So a batch whose receive is sent from the
+peer's later batch, while the peer's earlier batch waits for a receive that only this
+rank's later batch posts, waits forever, on NCCL as here: pair the batches so that each
+rank's k-th exchange with a neighbour meets the neighbour's (Megatron posts one batch per
+step, ``send_forward_recv_backward`` and friends in
+megatron/core/pipeline_parallel/p2p_communication.py).
 
 Operations issued *separately* (``isend``, ``irecv``, ``send``, ``recv``, not in one
 ``batch_isend_irecv``) between the same two ranks of a group run one after the other,
@@ -45,9 +57,10 @@ ordering: even pipeline ranks send first, odd ranks receive first.
 import numpy as np
 
 from ..records.calls import Call
-from .clock import p2p_stream
+from .clock import collective_stream, p2p_stream
 from ..errors import CollectiveMismatchError, ConfigError, PeerError
 from ..algorithms.steps import Messages
+from .p2p_work import Group, Side
 from .rendezvous import Handle
 from .shape_only import is_shape_only
 
@@ -56,7 +69,14 @@ DEADLOCK_HINT = (
     "that each send before they receive (a ring, or two pipeline stages sending to each other) wait forever. "
     "Post both at once with\n"
     "  comm.batch_isend_irecv([P2POp(comm.isend, x, right), P2POp(comm.irecv, buffer, left)])\n"
-    "and wait on the handles, or alternate the order (even ranks send first, odd ranks receive first).")
+    "and wait on its handle, or alternate the order (even ranks send first, odd ranks receive first).")
+
+BATCH_HINT = (
+    "hint: on NCCL, as here, the batches a rank posts on a group run one after the other, and a batch completes "
+    "only when every send and receive in it has. Two ranks whose batches each wait for an operation that the other "
+    "posts only in a later batch wait forever. Pair the batches: each one's sends and receives should meet the "
+    "neighbour's batch of the same step (as Megatron's send_forward_recv_backward and "
+    "send_forward_backward_recv_forward_backward do), or put what must progress together in one batch.")
 
 
 class P2POp:
@@ -71,70 +91,6 @@ class P2POp:
 
     def __repr__(self):
         return f"P2POp({self.op.__name__}, shape={np.shape(self.tensor)}, peer={self.peer})"
-
-
-class _Side:
-    """One posted send or recv; matched with its counterpart into a transfer.
-
-    ``ahead``: the ops it is queued behind on its NCCL stream (it starts once they have
-    all completed): for an op issued separately, this rank's previous separate op with
-    the same peer; nothing for an op of a ``batch_isend_irecv``."""
-
-    __slots__ = ("kind", "rank", "peer", "k", "label", "data", "buffer", "issued", "stream", "call",
-                 "done", "end", "op", "world", "ahead", "behind", "counterpart")
-
-    def __init__(self, world, kind, rank, peer, k, label, data, buffer, call, ahead=()):
-        self.world, self.kind, self.rank, self.peer, self.k, self.label = world, kind, rank, peer, k, label
-        self.data, self.buffer, self.call = data, buffer, call
-        self.issued = world.clock.compute[rank]
-        self.stream = None
-        self.done, self.end = False, 0.0
-        self.op = f"send->{peer}" if kind == "send" else f"recv<-{peer}"
-        self.ahead, self.behind, self.counterpart = tuple(ahead), [], None
-        for side in self.ahead:
-            side.behind.append(self)
-
-    @property
-    def ready(self):
-        """Whether the op has reached the head of its stream: what was queued ahead of it
-        has completed."""
-        return all(side.done for side in self.ahead)
-
-    def name(self):
-        return f"{'send(dst' if self.kind == 'send' else 'recv(src'}={self.peer}) #{self.k}"
-
-    def result(self, rank):
-        if self.kind == "send":
-            return None
-        data, self.data = self.data, None  # hand the buffer over once
-        if self.buffer is None:
-            return data
-        self.buffer[...] = data
-        return self.buffer
-
-    def queued(self):
-        """Why this op has not started though it was posted ('' when it may start)."""
-        blocking = next((side for side in self.ahead if not side.done), None)
-        if blocking is None:
-            return ""
-        return (f"it was issued separately after its own {blocking.name()}, which has not completed (separately "
-                f"issued isend/irecv between two ranks run one after the other, on one NCCL stream per pair)")
-
-    def describe(self):
-        w, peer = self.world, self.peer
-        gone = " and has returned" if w._finished[peer] else ""
-        where = f"waits in {self.name()} on group {self.label}"
-        mine = self.queued()
-        if mine:
-            return (f"{where}: {mine}; post the sends and receives that must progress together in one "
-                    f"batch_isend_irecv")
-        other = self.counterpart
-        theirs = other.queued() if other is not None else ""
-        if theirs:
-            return f"{where}: rank {peer} posted the matching {other.name()}, but {theirs}"
-        if self.kind == "send":
-            return f"{where}: rank {peer} has not posted the matching recv{gone}"
-        return f"{where}: rank {peer} has not posted the matching send{gone}"
 
 
 class PointToPoint:
@@ -158,9 +114,13 @@ class PointToPoint:
 
     def _post(self, kind, array, peer):
         """Post one send or recv, issued separately; returns its handle."""
-        return Handle(self._world, self.global_rank, self._enqueue(kind, array, peer, grouped=False))
+        side = self._enqueue(kind, array, peer)
+        self._start([side])
+        return Handle(self._world, self.global_rank, side)
 
-    def _enqueue(self, kind, array, peer, grouped):
+    def _enqueue(self, kind, array, peer, batch=None):
+        """Post one op (of ``batch``, or issued separately) and match it with its
+        counterpart if the peer has posted that already; starts nothing."""
         g_peer = self._peer(peer, kind)
         w, me = self._world, self.global_rank
         w.clock.check_alive(me)
@@ -172,35 +132,34 @@ class PointToPoint:
         nbytes = data.nbytes if data is not None else (buffer.nbytes if buffer is not None else None)
         call = Call(kind, self.label, nbytes, g_peer)
         w.calls[me].append(call)
-        if grouped:  # one NCCL group: its ops progress together
-            side = _Side(w, kind, me, g_peer, len(mine), self.label, data, buffer, call)
+        if batch is not None:  # one NCCL group: its ops progress together once it is launched
+            side = Side(w, kind, me, g_peer, len(mine), self.label, data, buffer, call, batch=batch)
+            batch.sides.append(side)
         else:  # on the pair's stream, behind this rank's last separate op with that peer
             last = w._p2p_separate.setdefault((self.ranks, me, g_peer), [])
-            side = _Side(w, kind, me, g_peer, len(mine), self.label, data, buffer, call,
-                         [s for s in last if not s.done])
+            side = Side(w, kind, me, g_peer, len(mine), self.label, data, buffer, call,
+                        [s for s in last if not s.done])
             last[:] = [side]
         mine.append(side)
         if len(other) > side.k:
             side.counterpart = other[side.k]
             other[side.k].counterpart = side
-            self._start(side)
         return side
 
-    def _start(self, side):
-        """Run every transfer that can start now: ``side``'s, if both its ends have
-        reached the head of their streams, then those of the ops queued behind each op
-        that completes."""
-        todo = [side]
+    def _start(self, todo):
+        """Run every transfer that can start now: those of the ops in ``todo`` whose two
+        ends may progress, then those of the ops that each completion lets go (the next
+        op on a pair's stream, or the next batch on a group's)."""
         while todo:
             s = todo.pop()
             other = s.counterpart
             if s.done or other is None or not (s.ready and other.ready):
                 continue
             send, recv = (s, other) if s.kind == "send" else (other, s)
-            self._match(send, recv)
-            todo += send.behind + recv.behind
+            todo += self._match(send, recv)
 
     def _match(self, send, recv):
+        """Charge the transfer of ``send`` into ``recv``; returns the ops it lets go."""
         w = self._world
         data, buf = send.data, recv.buffer
         if buf is not None and (buf.shape != data.shape or buf.dtype != data.dtype):
@@ -209,20 +168,29 @@ class PointToPoint:
                 f"dtype {buf.dtype}, but rank {send.rank} sends shape {data.shape} dtype {data.dtype}; the "
                 f"receiver's buffer must match what is sent")
         stream = p2p_stream(send.rank, recv.rank)
-        queued = [a.end for side in (send, recv) for a in side.ahead]  # what ran before it on its stream
-        t0 = max([send.issued, recv.issued, w.clock.free(send.rank, stream), w.clock.free(recv.rank, stream)]
-                 + queued)
+        t0 = max(self._earliest(send, stream), self._earliest(recv, stream))
         steps = [Messages("p2p", np.array([0]), np.array([1]), np.array([0]), np.array([data.nbytes]), False,
                           exclusive=True)]
         if w.faults.interrupted(w.clock, (send.rank, recv.rank), steps, t0):  # one side dies first: never arrives
-            return
-        _, end = w.clock.charge("send", self.label, steps, (send.rank, recv.rank), t0, (stream, stream),
-                                (send.op, recv.op))
+            return []
+        # an op of a batch shows as its batch's kernel on the group's stream, not on its own
+        streams = tuple(None if side.batch is not None else stream for side in (send, recv))
+        _, end = w.clock.charge("send", send.label, steps, (send.rank, recv.rank), t0, streams, (send.op, recv.op))
         recv.call.nbytes = data.nbytes
         recv.data, send.data = data, None
+        freed = []
         for side in (send, recv):
-            side.done, side.end, side.stream = True, end, stream
+            side.done, side.end, side.stream = True, end, side.batch.stream if side.batch is not None else stream
+            freed += side.batch.side_done() if side.batch is not None else side.behind
             w._wake(side.rank)
+        return freed
+
+    def _earliest(self, side, stream):
+        """When ``side``'s end of a transfer may start: once its batch was launched, or
+        (issued separately) once it was posted and its pair's stream is free."""
+        if side.batch is not None:
+            return side.batch.start
+        return max([side.issued, self._world.clock.free(side.rank, stream)] + [a.end for a in side.ahead])
 
     def send(self, x, dst):
         """Send a copy of ``x`` to group rank ``dst``; returns once it has been received."""
@@ -255,9 +223,13 @@ class PointToPoint:
         return None, buffer_or_src
 
     def batch_isend_irecv(self, ops):
-        """Post every :class:`P2POp` in ``ops`` at once, as one NCCL group: they progress
-        together, whatever their order in the list, and wait behind nothing issued
-        separately. Returns their handles, in order."""
+        """Post every :class:`P2POp` in ``ops`` as one NCCL group, as torch does on NCCL
+        (:mod:`emulator.engine.p2p_work`): the batch runs on the group's stream after the
+        batches this rank posted on the group before it, its operations progress together
+        whatever their order in the list, and it waits behind nothing issued separately.
+        Returns a list holding one handle for the whole batch: its ``wait()`` waits for
+        every operation and returns True; what was received is then in the receive
+        buffers given."""
         ops = list(ops)
         if not ops or not all(isinstance(op, P2POp) for op in ops):
             raise ConfigError(f"rank {self.global_rank}: batch_isend_irecv takes a non-empty list of P2POp, "
@@ -268,6 +240,18 @@ class PointToPoint:
             if op.comm.ranks != ops[0].comm.ranks:
                 raise ConfigError(f"rank {self.global_rank}: all ops of batch_isend_irecv must use one group, "
                                   f"got groups {op.comm.label} and {ops[0].comm.label}")
-        sides = [self._enqueue("send", op.tensor, op.peer, grouped=True) if op.op.__name__ == "isend" else
-                 self._enqueue("recv", *self._recv_args(op.tensor, op.peer), grouped=True) for op in ops]
-        return [Handle(self._world, self.global_rank, side) for side in sides]
+        group = ops[0].comm  # the ops' group, whichever comm posts them (torch takes the P2POps' group)
+        w, me = self._world, self.global_rank
+        key = (group.ranks, me)
+        seq, last = w._p2p_batches.get(key, (0, None))
+        batch = Group(w, me, group.label, collective_stream(group.label), seq, last)
+        for op in ops:
+            if op.op.__name__ == "isend":
+                group._enqueue("send", op.tensor, op.peer, batch)
+            else:  # P2POp(comm.irecv, buffer, peer): the buffer is filled, as torch's irecv fills its tensor
+                group._enqueue("recv", *group._recv_args(op.tensor, op.peer), batch)
+        w._p2p_batches[key] = (seq + 1, batch)
+        if batch.ahead is None:
+            batch.launch()
+            group._start(list(batch.sides))
+        return [Handle(w, me, batch)]

@@ -22,10 +22,12 @@ class Rendezvous:
 
 
 class Handle:
-    """What an async call returns (``async_op=True``, ``isend``, ``irecv``, each entry of
-    ``batch_isend_irecv``). ``wait()`` blocks this rank until the operation is done, moves
-    its compute clock to the operation's end (the stream joins the compute stream), and
-    returns the result: the collective's output, or the received array."""
+    """What an async call returns (``async_op=True``, ``isend``, ``irecv``, the one entry
+    of ``batch_isend_irecv``'s list). ``wait()`` blocks this rank until the operation is
+    done, moves its compute clock to the operation's end (the stream joins the compute
+    stream), and returns the result: the collective's output, the received array of an
+    ``irecv``, None for an ``isend``, True for a batch (as torch's ``Work.wait``: the batch's
+    receive buffers hold what arrived)."""
 
     def __init__(self, world, rank, work):
         self._world, self._rank, self._work = world, rank, work

@@ -28,7 +28,7 @@ from .faults import DEFAULT_WATCHDOG_TIMEOUT, Faults, RankDied, Unfinished, reso
 from ..errors import ConfigError, DeadlockError, EmulatorError, MeshError, RankError
 from ..records.memory import MemoryLedger
 from ..mesh import Mesh
-from .p2p import DEADLOCK_HINT
+from .p2p import BATCH_HINT, DEADLOCK_HINT
 from .wall_clock import WallGuard, WallInterrupt, check_wall_timeout, stopped_error
 from ..records.table import Table
 from ..records.timeline import Event, Timeline
@@ -142,6 +142,7 @@ class World:
         self._seq = {}  # (group ranks, global rank) -> next sequence number
         self._p2p = {}  # (group ranks, src, dst) -> (posted sends, posted recvs)
         self._p2p_separate = {}  # (group ranks, rank, peer) -> that rank's last separately issued op with the peer
+        self._p2p_batches = {}  # (group ranks, rank) -> (batches it posted on the group, the last one)
         self._waiting = {}  # global rank -> callable describing what it waits for
         self._ready = deque()
         self._finished = [False] * n
@@ -267,6 +268,8 @@ class World:
         lines.append(f"  returned already: {done if done else 'none'}")
         if any(why.startswith("waits in send(") for why in waits.values()):
             lines.append(DEADLOCK_HINT)
+        if any(why.startswith("waits in batch_isend_irecv") for why in waits.values()):
+            lines.append(BATCH_HINT)
         return "\n".join(lines)
 
     # ----------------------------------------------------------------- records

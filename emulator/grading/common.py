@@ -92,6 +92,21 @@ def check_close(name, got, want, rel=0.02, unit="", quiet=False):
         passed(name, f"{got:.4g}{unit} (model: {want:.4g}{unit})")
 
 
+def one_handle_hint(exc):
+    """For a rank's IndexError or unpacking error on a line that waits on, or unpacks,
+    what ``batch_isend_irecv`` returned: the reminder that it is one handle per batch."""
+    original = getattr(exc, "original", None)
+    if not (isinstance(original, IndexError) or (isinstance(original, ValueError) and "unpack" in str(original))):
+        return ""
+    lines = [ln.strip() for ln in getattr(exc, "rank_traceback", "").splitlines()
+             if ln.startswith("    ") and ln.strip(" ^~")]  # the source lines, not their markers
+    if not lines or not ("wait(" in lines[-1] or "batch_isend_irecv" in lines[-1]):
+        return ""
+    return ("\nbatch_isend_irecv returns a list holding one handle for the whole batch, as torch does on NCCL "
+            "(torch returns its coalescing manager's works: one Work): wait on that one, and read what arrived "
+            "from the buffers you passed to P2POp(comm.irecv, buffer, peer).")
+
+
 def run_on_emulator(world, prog, what):
     """``world.run(prog)`` for a check: an exercise not done yet surfaces as its own
     NotImplementedError; any other failure becomes a CheckFailed quoting the emulator."""
@@ -102,6 +117,6 @@ def run_on_emulator(world, prog, what):
     except RankError as exc:
         if isinstance(exc.original, NotImplementedError):
             raise exc.original from None
-        raise CheckFailed(f"{what}: the program failed on the emulator:\n{exc}") from None
+        raise CheckFailed(f"{what}: the program failed on the emulator:\n{exc}{one_handle_hint(exc)}") from None
     except Exception as exc:  # noqa: BLE001 -- deadlock, mismatch, ...: the emulator's own message
         raise CheckFailed(f"{what}: the program failed on the emulator:\n{exc}") from None

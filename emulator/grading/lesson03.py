@@ -19,7 +19,7 @@ from ..errors import RankError
 from ..parallel import pipeline as pp
 from ..parallel.pipeline import executor, schedules
 from ..training import synthetic_batches, train_single
-from .common import CheckFailed, compare_arrays, expect, passed, run_on_emulator
+from .common import CheckFailed, compare_arrays, expect, one_handle_hint, passed, run_on_emulator
 from .refuse import refusing
 
 SCHEDULES = (schedules.schedule, schedules.one_f_one_b, schedules.gpipe, schedules.interleaved_1f1b,
@@ -102,40 +102,90 @@ def _run_schedule(what, world, model, params, s, x):
 
 
 class _WatchedStage:
-    """The stage a student's loop gets, checking what each forward is given: the
-    micro-batch's tokens on the first stage, received activations on every other."""
+    """The stage a student's loop gets, checking what each action is given: the
+    micro-batch's tokens on the first stage, and elsewhere exactly what the neighbouring
+    stage's action sent (``sent``, shared by the ranks: (kind, micro-batch, virtual stage)
+    -> the output that action sent)."""
 
-    def __init__(self, stage, label):
-        self._stage, self._label = stage, label
+    def __init__(self, stage, label, sent):
+        self._stage, self._label, self._sent = stage, label, sent
 
     def __getattr__(self, name):
         return getattr(self._stage, name)
+
+    def _where(self, action):
+        st = self._stage
+        return (f"{self._label}: rank {st.rank} ran {action} (chunk {action.chunk}, virtual stage "
+                f"{st.virtual_stage(action.chunk)} of {st.p * st.v})")
+
+    def _check_received(self, action, x):
+        """``x`` must be what the action's source sent: the receive's buffer, after its wait."""
+        s = self._stage.virtual_stage(action.chunk)
+        source = s - 1 if action.kind == "F" else s + 1
+        what = "activations" if action.kind == "F" else "output gradient"
+        if x is None:
+            raise CheckFailed(f"{self._where(action)} on nothing; it runs on the {what} that virtual stage {source} "
+                              f"sends (stage.source(a) says which rank)")
+        sent = self._sent.get((action.kind, action.microbatch, source))
+        if sent is None or np.shape(x) != np.shape(sent) or not np.array_equal(x, sent):
+            raise CheckFailed(
+                f"{self._where(action)} on data that is not the {what} {action.kind}{action.microbatch} of virtual "
+                f"stage {source} sent. The received data is in the buffer you gave P2POp(comm.irecv, buffer, peer), "
+                f"and only once the batch that brings it has been waited for: wait on its handle before the action "
+                f"reads the buffer (batch_isend_irecv returns one handle for the whole batch; its wait() returns "
+                f"True, not the data)")
 
     def forward(self, action, x, y=None):
         st = self._stage
         first = st.is_first(action.chunk)
         tokens = x is not None and np.issubdtype(np.asarray(x).dtype, np.integer)
-        where = (f"{self._label}: rank {st.rank} ran {action} (chunk {action.chunk}, virtual stage "
-                 f"{st.virtual_stage(action.chunk)} of {st.p * st.v})")
         if first and not tokens:
-            raise CheckFailed(f"{where} on {'nothing' if x is None else 'received activations'}; the first stage "
-                              f"reads the micro-batch's tokens, micro_x[{action.microbatch}] "
+            raise CheckFailed(f"{self._where(action)} on {'nothing' if x is None else 'received activations'}; the "
+                              f"first stage reads the micro-batch's tokens, micro_x[{action.microbatch}] "
                               f"(stage.is_first(a.chunk) says which stage that is)")
         if not first and tokens:
-            raise CheckFailed(f"{where} on the micro-batch's tokens; only the first stage reads them, every other "
-                              f"stage runs on the activations it received. With interleaving rank 0 also holds "
-                              f"later stages: test stage.is_first(a.chunk), not the rank")
-        if not first and x is None:
-            raise CheckFailed(f"{where} on nothing; a stage after the first runs on the activations it received "
-                              f"from stage.source(a)")
-        return st.forward(action, x, y)
+            raise CheckFailed(f"{self._where(action)} on the micro-batch's tokens; only the first stage reads them, "
+                              f"every other stage runs on the activations it received. With interleaving rank 0 also "
+                              f"holds later stages: test stage.is_first(a.chunk), not the rank")
+        if not first:
+            self._check_received(action, x)
+        out = st.forward(action, x, y)
+        if not st.is_last(action.chunk):
+            self._sent[("F", action.microbatch, st.virtual_stage(action.chunk))] = np.array(out, copy=True)
+        return out
+
+    def backward(self, action, dy=None, scale=1.0):
+        st = self._stage
+        if not st.is_last(action.chunk):
+            self._check_received(action, dy)
+        out = st.backward(action, dy, scale=scale)
+        if not st.is_first(action.chunk):
+            self._sent[("B", action.microbatch, st.virtual_stage(action.chunk))] = np.array(out, copy=True)
+        return out
 
 
 def _watching(loop, label):
-    def watched(comm, stage, actions, micro_x, micro_y):
-        return loop(comm, _WatchedStage(stage, label), actions, micro_x, micro_y)
+    sent = {}
+
+    def watched(comm, stage, steps, micro_x, micro_y):
+        return loop(comm, _WatchedStage(stage, label, sent), steps, micro_x, micro_y)
 
     return watched
+
+
+def _loop_hint(exc):
+    """What a failure of the loop most likely means."""
+    text = str(exc)
+    if "issued separately" in text:
+        return ("\nSeparately issued isend/irecv between two neighbours run in issue order on NCCL (one stream per "
+                "pair of ranks), so each rank's send waits in front of the receive that would let the other's "
+                "finish, and a cluster hangs the same way. Post each step's sends and receives together, in one "
+                "comm.batch_isend_irecv([...]).")
+    if "waits in batch_isend_irecv" in text:
+        return ("\nEach step of the program is one batch: its sends and its receives together, posted after the "
+                "step's actions, in the program's order. Batches split another way (sends apart from receives, or a "
+                "receive moved to another step) leave two neighbours each waiting for a batch the other posts later.")
+    return one_handle_hint(exc)
 
 
 def _reference_grads(model, params, x, y):
@@ -145,10 +195,11 @@ def _reference_grads(model, params, x, y):
 
 
 def check_stage_loop(loop):
-    """Exercise 3.2: loop(comm, stage, actions, micro_x, micro_y) -> the stage's losses."""
+    """Exercise 3.2: loop(comm, stage, steps, micro_x, micro_y) -> the stage's losses;
+    ``steps`` is the rank's program (:func:`emulator.parallel.pipeline.program`)."""
     what = "Exercise 3.2"
     for name, p, m, v in [("gpipe", 2, 3, 1), ("1f1b", 4, 8, 1), ("1f1b", 4, 2, 1), ("zb_h1", 4, 6, 1),
-                          ("interleaved_1f1b", 2, 4, 2)]:
+                          ("interleaved_1f1b", 2, 4, 2), ("interleaved_1f1b", 3, 2, 2)]:
         model, params = tiny(p * v)
         (x, y), = synthetic_batches(1, m * 2, 4, 16, seed=p + m)
         s = pp.schedule(name, p, m, v)
@@ -162,12 +213,8 @@ def check_stage_loop(loop):
                 original = exc.original if isinstance(exc, RankError) else None
                 if isinstance(original, (NotImplementedError, CheckFailed)):
                     raise original from None
-                hint = ("\nSeparately issued isend/irecv between two neighbours run in issue order on NCCL (one "
-                        "stream per pair of ranks), so each rank's send waits in front of the receive that would "
-                        "let the other's finish, and a cluster hangs the same way. Post each receive together "
-                        "with the sends before it, in one comm.batch_isend_irecv([...])."
-                        if "issued separately" in str(exc) else "")
-                raise CheckFailed(f"{label}: the loop failed on the emulator:\n{exc}{hint}") from None
+                raise CheckFailed(f"{label}: the loop failed on the emulator:\n{exc}{_loop_hint(exc)}") \
+                    from None
         ref = _reference_grads(model, params, x, y)
         got = run.grads()
         expect(set(got) == set(ref), f"{label}: the stages hold gradients for {sorted(got)}; expected every "
@@ -188,8 +235,9 @@ def check_stage_loop(loop):
             peak = led.peak_by_kind["activations"]
             expect(peak <= least, f"{label}: rank {r} held {peak} bytes of activations at its peak; the schedule "
                    f"needs only {least}: free each micro-batch as soon as stage.finishes_backward says so")
-    passed(what, "your loop runs GPipe, 1F1B (m < p too), ZB-H1 and interleaved 1F1B: gradients equal one device's, "
-           "2m(pv-1) messages, activations freed as soon as each backward is done")
+    passed(what, "your loop runs GPipe, 1F1B (m < p too), ZB-H1 and interleaved 1F1B (m = 2p and m < p), each action "
+           "on what its neighbour sent: gradients equal one device's, 2m(pv-1) messages, activations freed as soon as "
+           "each backward is done")
 
 
 def check_zb_h1(fn):

@@ -286,7 +286,7 @@ def check_ring_forward(fn):
             computes = tl.of(0, "compute", "compute")
             expect(computes, f"{label}: charge each block's compute with comm.compute(flops=...) (4 x batch x heads "
                              f"x n_q x n_k x d_head)")
-            transfers = [e for e in tl.events if e.rank == 0 and e.stream.startswith("p2p") and e.kind == "comm"]
+            transfers = [e for e in tl.events if e.rank == 0 and e.kind == "comm"]  # a batch's kernel, or lone ops
             hidden = [t for t in transfers if any(t.start < e.end and e.start < t.end for e in computes)]
             expect(len(hidden) == len(transfers), f"{label}: {len(transfers) - len(hidden)} of rank 0's transfers "
                    f"ran while it computed nothing: post the next block's send and receive (batch_isend_irecv) "

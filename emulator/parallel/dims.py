@@ -31,6 +31,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
+from ..accounting.pipeline import interleaved_rounds
 from ..errors import ConfigError
 from ..mesh import Mesh
 
@@ -146,9 +147,10 @@ class ParallelDims:
         if self.schedule == "interleaved_1f1b":
             if self.v < 2:
                 out.append("the interleaved schedule needs v >= 2 chunks per pipeline rank")
-            if self.micro_batches % self.pp:
-                out.append(f"the interleaved schedule needs micro_batches ({self.micro_batches}) to be a multiple of "
-                           f"pp ({self.pp})")
+            try:  # the micro-batch counts torch's ScheduleInterleaved1F1B builds (m < pp included)
+                interleaved_rounds(self.pp, self.micro_batches)
+            except ConfigError as exc:
+                out.append(str(exc))
         elif self.v > 1:
             out.append(f"v={self.v} chunks need the interleaved schedule, not {self.schedule!r}")
         if experts:

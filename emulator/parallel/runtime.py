@@ -14,7 +14,8 @@ Each rank runs one program, whatever the dims:
    ZeRO-1/2/3, on the units of that group), the gradients of parameters that are partial
    over ``tp`` (norms under sequence parallelism) summed over ``tp`` first;
 4. per batch: this replica's slice of the batch, its micro-batches, each cut along the
-   sequence for ``cp``; the schedule's actions; the loss scaled once, by ``1/(dp cp m)``
+   sequence for ``cp``; the schedule's program (its actions, and a batch of messages per
+   time step); the loss scaled once, by ``1/(dp cp m)``
    (the auxiliary losses by ``1/(dp m)``: they are one number per token group); then
    reduce, clip by the global norm (every parameter counted once), apply.
 
@@ -53,6 +54,7 @@ from .context_parallel.layout import split_sequence
 from .mesh_hooks import MeshHooks
 from .mesh_model import RankModel, check_model
 from .pipeline import PipelineStage, run_actions, schedule, split_layers
+from .pipeline.exchange import program as exchange_program
 from .pipeline.actions import stage_of
 from .placement import shard, unshard
 from .run_inputs import check_batches, check_dims, check_fold, check_optimizer
@@ -187,6 +189,7 @@ def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_gra
     runs = split_layers(model, dims.stages)
     actions = schedule(dims.schedule, dims.pp, dims.micro_batches, dims.v)
     split = any(a.kind == "W" for acts in actions for a in acts)
+    steps = exchange_program(actions)  # when each rank's messages go (one batch per time step)
     if clip_grad_norm is not None:
         clip_coefficient(1.0, clip_grad_norm)  # checks it
 
@@ -214,7 +217,7 @@ def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_gra
         losses = []
         for i, (x, y) in enumerate(batches):
             mx, my = _micro_inputs(x, y, dims, coords)
-            step = run_actions(comms["pp"], stage, actions[coords["pp"]], mx, my,
+            step = run_actions(comms["pp"], stage, steps[coords["pp"]], mx, my,
                                scale=1.0 / (dims.dp * dims.cp * dims.micro_batches))
             hooks.reduce_grads()
             scale = 1.0

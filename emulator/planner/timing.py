@@ -337,11 +337,13 @@ def action_durations(actions, per_layer, dims, host=False):
 # ----------------------------------------------------------------- the pipeline
 def simulate(actions, durations, hop, host=None):
     """Play each rank's ``actions`` (lists of Action), action i of rank r lasting
-    ``durations[r][i]`` seconds; a cross-rank dependency starts its transfer when the
-    receiver reaches the action (and the sender has finished), and takes ``hop(src, dst)``
-    seconds. ``host[r][i]``: the host's seconds to issue the action; the host runs ahead
-    of the GPU, never waiting for it within a step, and an action ends no earlier than its
-    host has issued all of it. Returns ``{rank: [(action, start, end)]}``."""
+    ``durations[r][i]`` seconds; a cross-rank dependency's transfer starts when the sender
+    has finished (the executor posts the receive in its batch of that time step, ahead of
+    the action: :mod:`emulator.parallel.pipeline.exchange`), takes ``hop(src, dst)``
+    seconds, and the action starts once it has arrived and the rank is free. ``host[r][i]``:
+    the host's seconds to issue the action; the host runs ahead of the GPU, never waiting
+    for it within a step, and an action ends no earlier than its host has issued all of it.
+    Returns ``{rank: [(action, start, end)]}``."""
     p = len(actions)
     v = 1 + max(a.chunk for acts in actions for a in acts)
     last = p * v - 1
@@ -381,7 +383,7 @@ def simulate(actions, durations, hop, host=None):
                 if done is None:
                     waiting[dep] = r
                     break
-                t = (done if done > t else t) + h
+                t = max(t, done + h)
             starts[r].append(t)
             t += dur[i]
             if hosted is not None:

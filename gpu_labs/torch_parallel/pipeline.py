@@ -4,13 +4,15 @@
 * :class:`GPTStage` is a ``torch.nn.Module`` holding a run of the GPT's layers (names as in
   ``emulator.nn.GPT.layers``: ``embed``, ``blocks.i``, ``head``) with the emulator's
   parameters; ``torch.distributed.pipelining.PipelineStage`` can wrap it too.
-* :class:`Executor` runs a schedule (``emulator.parallel.pipeline.schedule``: per rank a
-  list of ``Action(kind, microbatch, chunk)`` with kinds F and B) on this rank's chunks: for
-  each action it posts the receive of its input together with the sends of the previous
-  action in one ``batch_isend_irecv``, waits for the receive, computes, and waits for every
-  send at the end of the step. It records when each action ran on a :class:`Clock` (so
-  the bubble can be measured, without stalling the host between actions), and every call
-  through a ``trace.Recorder``.
+* :class:`Executor` runs this rank's program (``emulator.parallel.pipeline.program`` of a
+  schedule: steps of ``Action(kind, microbatch, chunk)`` with kinds F and B, each step
+  followed by one ``batch_isend_irecv`` of its sends and of the receives of what arrives
+  then) on this rank's chunks: before an action it waits for the works of the batch that
+  brought its input (on NCCL one ``Work`` for the whole batch, on gloo one per operation:
+  it waits for every work the call returned), computes, and waits for every batch at the
+  end of the step. It records when each action ran on a :class:`Clock` (so the bubble can
+  be measured, without stalling the host between actions), and every call through a
+  ``trace.Recorder``.
 """
 
 import time
@@ -76,45 +78,54 @@ class Executor:
         s = a.chunk * self.p + self.rank + towards
         return s % self.p if 0 <= s <= self.last else None
 
-    def step(self, actions, micro_x, micro_y, clock=None):
-        """Run this rank's ``actions``; returns the losses of the micro-batches (last
+    def step(self, steps, micro_x, micro_y, clock=None):
+        """Run this rank's program ``steps``; returns the losses of the micro-batches (last
         stage), as tensors: reading them would make the host wait for the device."""
         m = len(micro_x)
-        pending, sends, saved, losses = [], [], {}, {}
+        arriving, works, saved, losses = {}, [], {}, {}
         clock = clock or Clock(self.device)
-        for a in actions:
-            s = a.chunk * self.p + self.rank
-            src = self._peer(a, -1 if a.kind == "F" else 1)
-            buf = torch.empty(self.boundary, device=self.device, dtype=self.dtype) if src is not None else None
-            ops = pending + ([("recv", buf, src)] if src is not None else [])
-            works = self.rec.batch_isend_irecv(ops) if ops else []
-            sends += works[:len(pending)]
-            if src is not None:
-                works[-1].wait()
-            start = clock.mark()
-            if a.kind == "F":
-                inp = micro_x[a.microbatch] if s == 0 else buf.requires_grad_(True)
-                out = self.chunks[a.chunk](inp)
-                if s == self.last:
-                    out = loss_fn(out, micro_y[a.microbatch])
-                    losses[a.microbatch] = out.detach()
-                    out = out / m
-                saved[(a.microbatch, a.chunk)] = (inp, out)
-                result = out.detach() if s != self.last else None
-            elif a.kind == "B":
-                inp, out = saved.pop((a.microbatch, a.chunk))
-                out.backward(None if s == self.last else buf)
-                result = inp.grad if s > 0 else None
-            else:
-                raise ValueError(f"this executor runs F and B actions (the backward whole), got {a}")
-            self.events.append((a.kind, start, clock.mark()))
-            dst = self._peer(a, 1 if a.kind == "F" else -1)
-            pending = [("send", result, dst)] if dst is not None else []
-        if pending:
-            sends += self.rec.batch_isend_irecv(pending)
-        for w in sends:
-            w.wait()
+        for step in steps:
+            out = {}
+            for a in step.actions:
+                s = a.chunk * self.p + self.rank
+                buf = None
+                if a in arriving:
+                    buf, batch = arriving.pop(a)
+                    _settle(batch)  # the batch that brought it
+                start = clock.mark()
+                if a.kind == "F":
+                    inp = micro_x[a.microbatch] if s == 0 else buf.requires_grad_(True)
+                    res = self.chunks[a.chunk](inp)
+                    if s == self.last:
+                        res = loss_fn(res, micro_y[a.microbatch])
+                        losses[a.microbatch] = res.detach()
+                        res = res / m
+                    saved[(a.microbatch, a.chunk)] = (inp, res)
+                    out[a] = res.detach() if s != self.last else None
+                elif a.kind == "B":
+                    inp, res = saved.pop((a.microbatch, a.chunk))
+                    res.backward(None if s == self.last else buf)
+                    out[a] = inp.grad if s > 0 else None
+                else:
+                    raise ValueError(f"this executor runs F and B actions (the backward whole), got {a}")
+                self.events.append((a.kind, start, clock.mark()))
+            bufs = {a: torch.empty(self.boundary, device=self.device, dtype=self.dtype) for a in step.receives}
+            ops = [("send", out[a], self._peer(a, 1 if a.kind == "F" else -1)) for a in step.sends]
+            ops += [("recv", bufs[a], self._peer(a, -1 if a.kind == "F" else 1)) for a in step.receives]
+            if ops:
+                batch = self.rec.batch_isend_irecv(ops)
+                works.append(batch)
+                arriving.update({a: (bufs[a], batch) for a in step.receives})
+        for batch in works:
+            _settle(batch)
         return losses
+
+
+def _settle(batch):
+    """Wait for every work of a batch, once: the list is emptied (waiting twice for a gloo
+    receive blocks until its timeout)."""
+    while batch:
+        batch.pop(0).wait()
 
 
 class Clock:

@@ -106,19 +106,21 @@ def _over_group(x, like):
 
 def _shift(comm, x, what):
     """Post: send ``x`` to the next rank, receive the previous rank's into a new buffer,
-    held in the ledger as ``what`` arriving; returns the handles."""
+    held in the ledger as ``what`` arriving, in one batch; returns (its works, the buffer)."""
     right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
     buffer = comm.memory.hold(f"{what} arriving", np.empty_like(x), "buffers")
-    return comm.batch_isend_irecv([P2POp(comm.isend, x, right), P2POp(comm.irecv, buffer, left)])
+    return comm.batch_isend_irecv([P2POp(comm.isend, x, right), P2POp(comm.irecv, buffer, left)]), buffer
 
 
-def _arrived(comm, handles, what):
-    """Wait for a shift; the arrived block replaces the held one in the ledger."""
-    x = handles[1].wait()
-    handles[0].wait()
+def _arrived(comm, shift, what):
+    """Wait for a shift (its one handle, as on NCCL); the arrived block, in the buffer,
+    replaces the held one in the ledger."""
+    works, buffer = shift
+    for work in works:
+        work.wait()
     comm.memory.release(f"{what} arriving")
     comm.memory.release(what)
-    return comm.memory.hold(what, x, "buffers")
+    return comm.memory.hold(what, buffer, "buffers")
 
 
 def _step_charge(comm, declared, t, kernels, name):

@@ -1,7 +1,9 @@
-"""Pipeline parallelism: schedules as data, checked and simulated, and one executor."""
+"""Pipeline parallelism: schedules as data, checked and simulated, each rank's program (when its
+messages go), and one executor."""
 
 from .actions import Action, format_schedule, parse
 from .check import ScheduleError, bubble_of, dependencies, format_grid, in_flight, simulate, validate
+from .exchange import Step, format_program, local_program, program
 from .executor import (PipelineRun, blocking_loop, micro_batches, run, run_actions, sync_dp_grads,
                        train_pipeline)
 from .schedules import NAMES, schedule
@@ -10,4 +12,5 @@ from .stage import PipelineStage
 
 __all__ = ["Action", "format_schedule", "parse", "ScheduleError", "bubble_of", "dependencies", "format_grid",
            "in_flight", "simulate", "validate", "PipelineRun", "blocking_loop", "micro_batches", "run", "run_actions",
-           "sync_dp_grads", "train_pipeline", "NAMES", "schedule", "PipelineStage", "split_layers", "LocalParams"]
+           "sync_dp_grads", "train_pipeline", "Step", "format_program", "local_program", "program", "NAMES",
+           "schedule", "PipelineStage", "split_layers", "LocalParams"]

@@ -1,16 +1,14 @@
-"""One executor for every schedule: each rank walks its list of actions.
+"""One executor for every schedule: each rank runs its program, step by step.
 
-For each action the rank receives its input (if another rank produces it), computes,
-sends its output on, and frees a micro-batch's activations once its backward is done.
-Messages are posted with ``batch_isend_irecv``, the receive for the next action together
-with the send of the last one, as Megatron pairs them
-(``send_forward_recv_backward`` and friends): on NCCL, as here, a lone blocking send
-would wait for its receiver, and two neighbours sending to each other at once would wait
-forever. Sends are waited for at the end of the step. On NCCL a batch completes as one
-(waiting for its receive waits for its sends too); under that rule this pairing still runs
-GPipe, 1F1B and ZB-H1, but interleaved 1F1B with m >= 2p would hang, which is why
-Megatron puts an interleaved step's forward and backward messages in one batch (lesson 03,
-section 5). The emulator completes a batch's sends and receive separately.
+A schedule says what each rank computes; :func:`~.exchange.program` adds when its
+messages go: per rank a list of steps, each some actions to compute and then one
+``batch_isend_irecv`` (the outputs to send on, and the receives of what the neighbours
+send at that moment). For each action the rank waits for the batch that brought its
+input (if another rank produces it), computes, and frees a micro-batch's activations once
+its backward is done. On NCCL, as here, a batch has one handle and the batches on the
+pipeline group run one after the other: :mod:`~.exchange` says why its pairing never
+leaves two neighbours waiting on each other (GPipe, 1F1B, ZB-H1 and interleaved 1F1B, for
+every m).
 
 ``run(world, model, params, schedule, x, y)`` runs one step of ``schedule`` on a world of
 ``p`` ranks and reports, if the ranks end up waiting on each other, the action each one
@@ -26,7 +24,8 @@ from ...errors import ConfigError, DeadlockError
 from ...engine.p2p import P2POp
 from ...training import local_batch, split_batch
 from .actions import shape_of
-from .check import validate
+from .check import ScheduleError, validate
+from .exchange import local_program, program
 from .stage import PipelineStage
 
 
@@ -36,58 +35,69 @@ def micro_batches(x, y, m):
     return [p[0] for p in parts], [p[1] for p in parts]
 
 
-def run_actions(comm, stage, actions, micro_x, micro_y, scale=None):
-    """This rank's part of one pipeline step: every action of ``actions`` in order; the
-    loss of each micro-batch scaled by ``scale`` (default ``1/m``: the step's loss is the
-    micro-batches' mean). Returns the losses of the micro-batches (on the last stage; else
-    an empty dict)."""
+def run_actions(comm, stage, steps, micro_x, micro_y, scale=None):
+    """This rank's part of one pipeline step: its program ``steps`` (:func:`.exchange.program`
+    of the schedule, this rank's list), the loss of each micro-batch scaled by ``scale``
+    (default ``1/m``: the step's loss is the micro-batches' mean). Each step computes its
+    actions, then posts one batch: its sends and the receives of what arrives then. A
+    batch is waited for before the action that reads what it brings, and every one at
+    the end. Returns the losses of the micro-batches (on the last stage; else an empty
+    dict)."""
     m = len(micro_x)
     scale = 1.0 / m if scale is None else scale
     stage.micro_batches = m
+    local, arriving, works = {}, {}, []  # hand-offs between chunks of this rank; action -> (buffer, its batch)
     boundary = None  # shape and dtype of what arrives, once something does
-    local, outgoing, sends = {}, [], []  # hand-offs between chunks of this rank; sends to post; to wait
-    for a in actions:
-        src = stage.source(a)
-        ops = list(outgoing)
-        if src is not None and src[0] != comm.rank:
+    for step in steps:
+        out_of = {}
+        for a in step.actions:
+            src, dst = stage.source(a), stage.destination(a)
+            if src is None:
+                inbound = None
+            elif src[0] == comm.rank:
+                inbound = local.pop((a.kind, a.microbatch, a.chunk))
+            else:
+                buffer, batch = arriving.pop(a)
+                for work in batch:  # the batch that brings it (one handle on NCCL)
+                    work.wait()
+                inbound = buffer
+            out_of[a] = _compute(stage, a, inbound, micro_x, micro_y, scale)
+            if dst is not None and dst[0] == comm.rank:
+                local[(a.kind, a.microbatch, dst[1])] = out_of[a]
+        if step.receives:
             boundary = boundary or stage.boundary(micro_x[0])
-            ops.append(P2POp(comm.irecv, np.empty_like(micro_x[0], shape=boundary[0], dtype=boundary[1]), src[0]))
-        handles = comm.batch_isend_irecv(ops) if ops else []
-        sends += handles[:len(outgoing)]
-        if src is None:
-            inbound = None
-        elif src[0] == comm.rank:
-            inbound = local.pop((a.kind, a.microbatch, a.chunk))
-        else:
-            inbound = handles[-1].wait()
-        if a.kind == "F":
-            out = stage.forward(a, micro_x[a.microbatch] if stage.is_first(a.chunk) else inbound,
-                                micro_y[a.microbatch])
-        elif a.kind == "B":
-            out = stage.backward(a, inbound, scale=scale)
-        else:
-            stage.backward_weight(a)
-            out = None
-        if stage.finishes_backward(a):
-            stage.free(a)
-        dst = stage.destination(a)
-        outgoing = []
-        if dst is not None and dst[0] == comm.rank:
-            local[(a.kind, a.microbatch, dst[1])] = out
-        elif dst is not None:
-            outgoing = [P2POp(comm.isend, out, dst[0])]
-    if outgoing:
-        sends += comm.batch_isend_irecv(outgoing)
-    for h in sends:
-        h.wait()
+        buffers = {a: np.empty_like(micro_x[0], shape=boundary[0], dtype=boundary[1]) for a in step.receives}
+        ops = [P2POp(comm.isend, out_of[a], stage.destination(a)[0]) for a in step.sends]
+        ops += [P2POp(comm.irecv, buffers[a], stage.source(a)[0]) for a in step.receives]
+        if ops:
+            batch = comm.batch_isend_irecv(ops)
+            works += batch
+            arriving.update({a: (buffers[a], batch) for a in step.receives})
+    for work in works:
+        work.wait()
     return stage.losses
 
 
-def blocking_loop(comm, stage, actions, micro_x, micro_y):
-    """The naive loop lesson 03 provokes a deadlock with: a blocking ``recv`` before each
-    action and a blocking ``send`` right after it. Right for GPipe; under 1F1B two
-    neighbours send to each other at once and neither ever receives (as on NCCL)."""
-    for a in actions:
+def _compute(stage, a, inbound, micro_x, micro_y, scale):
+    """One action on its input; returns what it sends on (None for ``W``)."""
+    if a.kind == "F":
+        out = stage.forward(a, micro_x[a.microbatch] if stage.is_first(a.chunk) else inbound, micro_y[a.microbatch])
+    elif a.kind == "B":
+        out = stage.backward(a, inbound, scale=scale)
+    else:
+        stage.backward_weight(a)
+        out = None
+    if stage.finishes_backward(a):
+        stage.free(a)
+    return out
+
+
+def blocking_loop(comm, stage, steps, micro_x, micro_y):
+    """The naive loop lesson 03 provokes a deadlock with: the program's actions in order,
+    a blocking ``recv`` before each and a blocking ``send`` right after it. Right for
+    GPipe; under 1F1B two neighbours send to each other at once and neither ever receives
+    (as on NCCL)."""
+    for a in (a for step in steps for a in step.actions):
         src = stage.source(a)
         inbound = comm.recv(src[0]) if src else None
         if a.kind == "F":
@@ -149,8 +159,8 @@ def run(world, model, params, schedule, x, y, costs=None, loop=None, check=True)
     """One step of ``schedule`` (a list per rank of actions) on ``world`` (one rank per
     pipeline stage) for the batch ``(x, y)``. ``costs=(t_f, t_b, t_w)`` charges fixed
     seconds per stage instead of FLOPs; ``loop`` replaces :func:`run_actions` (same
-    arguments); ``check=False`` runs a schedule without validating it first. Returns a
-    :class:`PipelineRun`."""
+    arguments: each rank gets its part of :func:`.exchange.program`); ``check=False`` runs
+    a schedule without validating it first. Returns a :class:`PipelineRun`."""
     p, m, v, split = shape_of(schedule)
     if world.size != p:
         raise ConfigError(f"the schedule has {p} ranks, the world {world.size}")
@@ -159,10 +169,14 @@ def run(world, model, params, schedule, x, y, costs=None, loop=None, check=True)
     micro_x, micro_y = micro_batches(x, y, m)
     stages = [None] * p
     loop = loop or run_actions
+    try:
+        steps = program(schedule, costs)
+    except ScheduleError:  # a schedule that cannot be played (check=False): let the emulator say where it stops
+        steps = local_program(schedule)
 
     def rank_program(comm):
         stages[comm.rank] = PipelineStage(comm, model, params, v=v, split=split, costs=costs)
-        return loop(comm, stages[comm.rank], schedule[comm.rank], micro_x, micro_y)
+        return loop(comm, stages[comm.rank], steps[comm.rank], micro_x, micro_y)
 
     try:
         results = world.run(rank_program)
@@ -198,6 +212,7 @@ def train_pipeline(comm, model, params, batches, schedule, opt, costs=None, sync
     if pp.size != p:
         raise ConfigError(f"the schedule has {p} ranks, the pipeline group {pp.size}")
     stage = PipelineStage(pp, model, params, v=v, split=split, costs=costs)
+    steps = program(schedule, costs)[pp.rank]
     state = opt.init(stage.flat_params())
     comm.memory.hold("optimizer", state, "optimizer")
     losses = []
@@ -205,7 +220,7 @@ def train_pipeline(comm, model, params, batches, schedule, opt, costs=None, sync
         if dp is not None:
             x, y = local_batch(dp, x, y)
         micro_x, micro_y = micro_batches(x, y, m)
-        step_losses = (loop or run_actions)(pp, stage, schedule[pp.rank], micro_x, micro_y)
+        step_losses = (loop or run_actions)(pp, stage, steps, micro_x, micro_y)
         grads = {f"{n}.{k}": g for n, gs in stage.grads.items() for k, g in gs.items()}
         if dp is not None:
             grads = sync(dp, grads)
