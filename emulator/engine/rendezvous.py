@@ -53,7 +53,7 @@ class Handle:
                 w._block(r, work.describe)
             self._result = work.result(r)
             self._waited = True
-            start = getattr(work, "start", None)
+            start = getattr(work, "start", None) if isinstance(work, Rendezvous) else None  # (collectives only)
             if self.contended and start is not None and work.end > start:  # compute ran beside it: slower
                 from ..machine.comm_overlap import contention
 

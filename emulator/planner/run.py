@@ -48,7 +48,7 @@ class PlanRun:
             mine = [e for e in events if e.rank == r and e.stream == "compute"]
             end = max(e.end for e in mine if e.kind == "compute")
             ends.append(end)
-            waits.append(sum(e.end - e.start for e in mine if e.kind == "idle" and e.name.startswith("wait recv")
+            waits.append(sum(e.end - e.start for e in mine if e.kind == "idle" and e.name.startswith(("wait recv", "wait send"))
                              and e.end <= end))
         if len(ends) == 1:
             return 0.0
