@@ -116,12 +116,12 @@ class Clock:
             total += max(0.0, min(e, end) - max(s, start))
         return total
 
-    def join(self, rank, end, what):
-        """``rank`` waits for an operation that ends at ``end``."""
+    def join(self, rank, end, what, group=None):
+        """``rank`` waits for an operation (of ``group``) that ends at ``end``."""
         t = self.compute[rank]
         stop = min(end, self.deadline[rank])
         if stop > t:
-            self.event(rank, "compute", "idle", f"wait {what}", t, stop)
+            self.event(rank, "compute", "idle", f"wait {what}", t, stop, group)
             self.compute[rank] = stop
         if end > self.deadline[rank]:
             raise RankDied(rank, self.deadline[rank])

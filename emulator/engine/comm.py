@@ -176,6 +176,7 @@ class Comm(PointToPoint):
         if not kernels:
             return
         w = self._world
+        w.kinds.setdefault(name, kernels[0].kind)
         device, stack = w.topology.device, w.stack
         slow = w.faults.slowdown[self.global_rank] * charges.slowdown_of(kernels, device.sms)
         times = [(device.time(k) + (stack.launch if k.kind == "memory" else 0.0)) * slow for k in kernels]

@@ -59,6 +59,6 @@ class Handle:
 
                 lost = contention(w.clock.busy_between(r, start, work.end))
                 if lost > 0:
-                    w.clock.advance(r, lost, f"compute slowed beside {work.op}")
-        w.clock.join(r, work.end, work.op)
+                    w.clock.advance(r, lost, f"compute slowed beside {work.op} on {work.label}")
+        w.clock.join(r, work.end, work.op, getattr(work, "label", None))
         return self._result

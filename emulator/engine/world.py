@@ -138,6 +138,7 @@ class World:
         self.calls = [[] for _ in range(n)]  # per rank, the Calls it issued (emulator.records.calls)
         self._charges = [[] for _ in range(n)]  # per rank, the declared passes open (emulator.engine.charging)
         self.charged = [[] for _ in range(n)]  # per rank, (pass, [(name, kernels)]) as charged
+        self.kinds = {}  # a charged name -> the kind of its kernels (gemm, attention, memory), for breakdowns
         self._pending = {}  # (group ranks, seq) -> Rendezvous
         self._seq = {}  # (group ranks, global rank) -> next sequence number
         self._p2p = {}  # (group ranks, src, dst) -> (posted sends, posted recvs)

@@ -86,6 +86,15 @@ class MeshRun:
         final = self.world.clock.final()
         return max(final[r] for r in self.ranks())
 
+    def breakdown(self, rank=None):
+        """Where ``rank``'s step went (default: the rank that finished last), by the
+        categories of :func:`emulator.planner.breakdown.measured`."""
+        from ..planner.breakdown import measured
+
+        final = self.world.clock.final()
+        rank = max(self.ranks(), key=lambda r: final[r]) if rank is None else rank
+        return measured(self.world, rank)
+
     def summary(self, ranks=None):
         """Per rank that ran: its coordinates and layers, when it finished, its peak
         memory by kind, and the bytes it sent per group and link."""

@@ -13,6 +13,7 @@ from ..parallel.dims import ParallelDims
 from ..parallel.pipeline import schedule
 from ..accounting.pipeline import pipeline_bubble
 from ..machine.work import dtype_bytes
+from .breakdown import breakdown, lines as breakdown_lines
 from .comm import comm_table
 from .precision_of import plan_context
 from .layers import rank_layers, split_names
@@ -41,6 +42,7 @@ class Estimate:
     step_time: float = None
     pipeline_time: float = None
     optimizer_time: list = field(default=None, repr=False)  # per pipeline rank: its update's seconds
+    breakdown: dict = None  # where the critical rank's step goes, in seconds (emulator.planner.breakdown)
     tokens_per_s_per_gpu: float = None
     mfu: float = None
     hfu: float = None
@@ -68,6 +70,11 @@ class Estimate:
                  f"{self.cluster.hbm_bytes / 1e9:.0f} (" + ", ".join(f"{k} {m[k] / 1e9:.2f}" for k in KINDS) + ")",
                  f"  step {self.step_time:.4g} s, bubble {self.bubble:.1%} (formula {self.bubble_formula:.1%}), "
                  f"{self.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {self.mfu:.1%}, HFU {self.hfu:.1%}"]
+        if self.context is not None:
+            lines.append(f"  as {self.context.stack.name} runs it, {self.context.precision.name}")
+        if self.breakdown:
+            lines.append("  where the step goes (the rank that finishes last):")
+            lines += breakdown_lines(self.breakdown, self.step_time)
         lines += [f"  problem: {p}" for p in self.problems]
         return "\n".join(lines)
 
@@ -85,7 +92,8 @@ class Estimate:
                        memory_peak=float(self.memory_peak), worst_stage=self.worst_stage,
                        step_time=self.step_time, tokens_per_s_per_gpu=self.tokens_per_s_per_gpu, mfu=self.mfu,
                        hfu=self.hfu, bubble=self.bubble, bubble_formula=self.bubble_formula,
-                       comm=[dict(row) for row in self.comm])
+                       comm=[dict(row) for row in self.comm], breakdown=dict(self.breakdown or {}),
+                       stack=self.context.stack.name, precision=self.context.precision.name)
         return out
 
 
@@ -181,6 +189,8 @@ def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=Non
     boundary = b * (seq_len // dims.cp // (dims.tp if dims.sequence_parallel else 1)) * model.d_model * \
         dtype_bytes(ctx.dtype("pp"))
 
+    played = {}
+
     def play(m_sim):
         """The pipeline of ``m_sim`` micro-batches: (timing, each rank's end, busy seconds, tails, table)."""
         actions = _schedule(dims.schedule, p, m_sim, v)
@@ -190,6 +200,7 @@ def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=Non
         ends = [max(e for _, _, e in timing[r]) for r in range(p)]
         busy = sum(e - s0 for r in range(p) for _, s0, e in timing[r])
         tails, table = comm_table(est, layers, per_layer, timer, timing, boundary, ctx, m_sim)
+        played[m_sim] = timing
         return timing, ends, busy, tails, table
 
     cap = steady_cap(p, v)
@@ -210,6 +221,9 @@ def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=Non
         pipeline_bubble(p, m, schedule="zb_h1")
     est.optimizer_time = [_optimizer_seconds(timer, layers, r, dims, ctx) for r in range(p)]
     est.step_time = max(ends[r] + tails[r] + est.optimizer_time[r] for r in range(p))
+    critical = max(range(p), key=lambda r: ends[r] + tails[r] + est.optimizer_time[r])
+    m_played = max(played)
+    est.breakdown = breakdown(est, timer, layers, played[m_played], m_played, tails, critical, ctx)
     tokens = batch * seq_len
     G = dims.world_size
     est.tokens_per_s_per_gpu = tokens / est.step_time / G

@@ -119,24 +119,46 @@ class Timer:
         """GPU seconds of a pass's items in order on the compute stream (each collective
         waited for, or pipelined with the GEMM beside it where Transformer Engine does so:
         :mod:`emulator.machine.comm_overlap`); the host's are :meth:`host`."""
-        total, i, n = 0.0, 0, len(ops)
+        return sum(self.categories(ops, r).values())
+
+    def categories(self, ops, r):
+        """:meth:`ops`'s seconds by where they go: ``gemm``, ``attention``, ``memory`` (the
+        kernels' own time) and, per group, the collectives' time no kernel hides (an
+        overlapped pair's time beyond its GEMM's; ring attention's beyond its kernels)."""
+        out = {}
+
+        def add(key, t):
+            out[key] = out.get(key, 0.0) + t
+
+        i, n = 0, len(ops)
         while i < n:
             o = ops[i]
             nxt = ops[i + 1] if i + 1 < n else None
             ov = getattr(o, "overlap", None)
             if ov and ov[0] == "ring_exchange" and getattr(nxt, "kind", None) == "gemm":
-                total += ring_exchange(self.op(nxt, r), self.op(o, r), ov[1])
+                g = self.op(nxt, r)
+                add("gemm", g)
+                add(_role(o.group), ring_exchange(g, self.op(o, r), ov[1]) - g)
                 i += 2
                 continue
             nov = getattr(nxt, "overlap", None)
             if getattr(o, "kind", None) == "gemm" and nov and nov[0] == "pipeline":
-                gemm = self.op(o, r) * sm_slowdown(self.device.sms, nov[2])
-                total += pipelined(gemm, self.op(nxt, r), nov[1])
+                g = self.op(o, r)
+                add("gemm", g)
+                add(_role(nxt.group), pipelined(g * sm_slowdown(self.device.sms, nov[2]), self.op(nxt, r), nov[1]) - g)
                 i += 2
                 continue
-            total += self.op(o, r)
+            t = self.op(o, r)
+            if is_kernel(o):
+                add(o.kind, t)
+            elif isinstance(o, RingAttention):
+                k = sum(self.op(x, r) for kernels, _ in o.steps for x in kernels)
+                add("attention", min(k, t))
+                add(_role(o.group), max(0.0, t - k))
+            else:
+                add(_role(o.group), t)
             i += 1
-        return total
+        return out
 
     def bulk_saving(self, layer, r):
         """Seconds an unsplit backward saves by running each part's all-gather of its input

@@ -1,0 +1,80 @@
+"""Where a plan's step goes: the critical rank's seconds split into GEMMs, attention, the
+memory-bound kernels, the host's launch and dispatch, the optimizer, each axis's
+collectives that nothing hides (``dp``: the data-parallel work left after the pipeline, the
+compute slowed beside it included), and the pipeline's bubble (what is left: waiting for a
+neighbour, its transfers included). :func:`measured` splits an emulator run's timeline the
+same way."""
+
+from .memory import byte_sizes
+
+ORDER = ("GEMMs", "attention", "memory-bound kernels", "launch and dispatch", "optimizer", "tp", "cp", "ep", "dp",
+         "bubble")
+KERNELS = {"gemm": "GEMMs", "attention": "attention", "memory": "memory-bound kernels"}
+
+
+def breakdown(est, timer, layers, timing, m_played, tails, r, ctx):
+    """{category: seconds} of pipeline rank r's step (they sum to the step's time)."""
+    dims = est.dims
+    m, out = dims.micro_batches, dict.fromkeys(ORDER, 0.0)
+    sizes = byte_sizes(ctx)
+    split = dims.schedule == "zb_h1"
+    for c in range(dims.v):
+        for x in layers[c][r]:
+            passes = ["F", "B", "W"] + (["F0"] if dims.recompute == "full" else [])
+            for name in passes:
+                for key, t in timer.categories(x.ops.get(name, ()), r).items():
+                    out[KERNELS.get(key, "dp" if key in ("dp,cp", "edp") else key)] += t * m
+            if x.name == "block" and not split:
+                out["tp"] -= timer.bulk_saving(x, r) * m
+            for group, elems in x.params.items():
+                axis = "dp,cp" if group == "dense" else "edp"
+                n = len(timer.groups(r)[axis])
+                if not elems or n == 1:
+                    continue
+                full = -(-elems // n) * n
+                if dims.zero_stage == 3:  # gathered before forward and backward, every micro-batch
+                    out["dp"] += 2 * m * timer.op(("c", "all_gather", full * sizes["gather"], axis), r)
+                if dims.zero_stage >= 2:
+                    out["dp"] += m * timer.op(("c", "reduce_scatter", full * sizes["reduce"], axis), r)
+            if x.partial and dims.tp > 1:
+                out["tp"] += m * timer.op(("c", "all_reduce", x.partial * sizes["grads"], "tp"), r)
+    scale = m / m_played
+    gpu = sum(out.values())
+    busy = sum(e - s for _, s, e in timing[r]) * scale
+    out["launch and dispatch"] = max(0.0, busy - gpu)
+    out["optimizer"] = est.optimizer_time[r]
+    out["dp"] += tails[r]
+    out["bubble"] = max(0.0, est.step_time - sum(out.values()))
+    return out
+
+
+def lines(parts, total):
+    """The breakdown as 'category  seconds  share' lines."""
+    return [f"    {k:<22s} {v * 1e3:10.3f} ms  {v / total:6.1%}" for k, v in parts.items() if v > 0]
+
+
+def measured(world, rank):
+    """{category: seconds} of ``rank``'s timeline in an emulator run: its compute by the
+    kind of the declared kernels charged under each name, its waits by what it waited for."""
+    out = dict.fromkeys(ORDER, 0.0)
+    groups = {"tp": "tp", "cp": "cp", "ep": "ep", "dp,cp": "dp", "edp": "dp", "dp": "dp"}
+    end = world.clock.final()[rank]
+    for e in world.timeline().events:
+        if e.rank != rank or e.stream != "compute" or e.end > end + 1e-15:
+            continue
+        t = e.end - e.start
+        if e.kind == "compute":
+            if e.name.startswith("optimizer"):
+                out["optimizer"] += t
+            elif e.name.startswith("compute slowed"):
+                out["dp"] += t
+            else:
+                out[KERNELS.get(world.kinds.get(e.name), "GEMMs")] += t
+        elif e.kind == "idle":
+            if e.name == "wait the host":
+                out["launch and dispatch"] += t
+            elif e.group in groups:
+                out[groups[e.group]] += t
+            elif e.name not in ("finished", "failed"):
+                out["bubble"] += t
+    return out
