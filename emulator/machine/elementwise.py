@@ -142,11 +142,11 @@ def cross_entropy(stack, rows, v, comp):
     """(forward, backward) kernels of the cross-entropy over ``rows`` tokens of ``v`` logits."""
     c, n = dtype_bytes(comp), rows * v
     if stack.has("cross_entropy"):  # one pass reads the logits for max, sum and target; backward writes the grad
-        return (_m("cross-entropy (fused)", "cross_entropy", n * c, rows * 8),), \
-            (_m("cross-entropy backward (fused)", "cross_entropy", n * c, n * c),)
+        return (_m("loss: fused cross-entropy", "cross_entropy", n * c, rows * 8),), \
+            (_m("loss backward: fused cross-entropy", "cross_entropy", n * c, n * c),)
     if stack.has("elementwise"):  # Inductor: the cast into the two reductions, then one pass for the gradient
-        return (_m("cross-entropy: max, sum", "cross_entropy", 2 * n * c, rows * 8),), \
-            (_m("cross-entropy backward", "cross_entropy", n * c, n * c),)
+        return (_m("loss: max, sum", "cross_entropy", 2 * n * c, rows * 8),), \
+            (_m("loss backward: softmax - one-hot", "cross_entropy", n * c, n * c),)
     if stack.name.startswith("megatron"):  # megatron/core/tensor_parallel/cross_entropy.py
         f = n * 4
         return (_m("loss: logits.float()", "cast", n * c, f), _m("loss: max", "cross_entropy", f, rows * 4),

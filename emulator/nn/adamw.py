@@ -29,9 +29,9 @@ class AdamW:
                  "v": {k: np.zeros_like(v, dtype=self._state_dtype(v)) for k, v in params.items()}}
         if self.mixed_precision:
             for k, v in params.items():
-                if v.dtype != bfloat16:
+                if v.dtype not in (np.dtype(bfloat16), np.dtype(np.float16)):
                     raise ConfigError(f"AdamW(mixed_precision=True): parameter {k!r} is {v.dtype}; "
-                                     f"pass bf16 parameters (ml_dtypes.bfloat16)")
+                                     f"pass 16-bit parameters (ml_dtypes.bfloat16, or float16)")
             state["master"] = {k: v.astype(np.float32) for k, v in params.items()}
         return state
 
@@ -61,6 +61,6 @@ class AdamW:
             v *= b2
             v += (1 - b2) * g * g
             p -= self.lr * (m / c1) / (np.sqrt(v / c2) + self.eps)
-            new[k] = p.astype(bfloat16) if self.mixed_precision else p
+            new[k] = p.astype(params[k].dtype) if self.mixed_precision else p
         state["t"] = t
         return new, state

@@ -312,7 +312,7 @@ def moe_work(s, ctx):
     both; W is empty)."""
     c, e_dt = ctx.dtype("compute"), ctx.dtype("ep")
     E, local, R = s.n_experts, s.n_experts // s.ep, s.rows * s.top_k
-    counts = s.counts if s.counts is not None else (R // E,) * local  # rows each local expert receives
+    counts = s.counts if s.counts is not None else (R * s.ep // E,) * local  # each expert: its share of R rows
     per_peer = R // s.ep * s.d * dtype_bytes(e_dt)  # an even router: each peer gets its share of the rows
     idx = E // s.ep * 8  # int64 counts per peer
     F = region_gather(s, ctx, "moe") + (Gemm("moe: router", s.rows, E, s.d, c),)

@@ -27,6 +27,7 @@ from dataclasses import MISSING, fields
 from .._version import __version__
 from ..errors import ConfigError
 from ..parallel.dims import ParallelDims
+from ..machine.stack import stack_preset
 from . import cluster_preset, evaluate, model_preset, run_plan, search
 from .hf_config import model_from_hf_config
 from .models import PRESETS, ModelSpec
@@ -154,6 +155,10 @@ def parser(prog=None):
                    help="global batch in tokens per step, a whole number of sequences (16M = 16 x 2**20)")
     p.add_argument("--dims", help="evaluate one plan: dp=..,tp=..,pp=..[,cp=..,ep=..,zero_stage=..,...]")
     p.add_argument("--run", action="store_true", help="with --dims: run the plan on the emulator (shape-only)")
+    p.add_argument("--work", action="store_true",
+                   help="with --dims: list one transformer block's kernels and collectives with their times")
+    p.add_argument("--stack", default=None,
+                   help="the software stack: megatron-core (default), megatron-2021, pytorch-eager, pytorch-compile")
     p.add_argument("--top", type=positive_int, default=10, help="plans to rank (default 10)")
     p.add_argument("--rejected", type=count_or_all, default=20, help="rejected plans to list (default 20; -1: all)")
     p.add_argument("--json", action="store_true", help="print JSON (it carries the version)")
@@ -184,6 +189,11 @@ def _main(argv):
         _check(args)
         cluster = cluster_preset(args.cluster, nodes=args.gpus // args.gpus_per_node, gpus_per_node=args.gpus_per_node)
         model = model_of(args.model)
+        args.stack = stack_preset(args.stack)  # an unknown name: one line naming the known ones
+        if args.work and not args.dims:
+            raise ConfigError("--work needs --dims (the plan whose block to list)")
+        if args.dims and args.work:
+            return _work(model, cluster, dims_of(args.dims), args)
         if args.dims:
             return _one(model, cluster, dims_of(args.dims), args)
         if args.run:
@@ -219,7 +229,7 @@ def too_long(est):
 def _one(model, cluster, dims, args):
     if args.run:
         fold = ("dp", "tp") if dims.world_size > 64 else ()
-        pr = run_plan(model, cluster, dims, args.seq, args.batch_tokens, fold=fold)
+        pr = run_plan(model, cluster, dims, args.seq, args.batch_tokens, fold=fold, stack=args.stack)
         if args.json:
             print(json.dumps({"version": __version__, "estimate": pr.estimate.as_dict(),
                               "comparison": list(pr.table()), "wall_seconds": pr.wall_seconds}, indent=1))
@@ -228,7 +238,7 @@ def _one(model, cluster, dims, args):
             print(f"\nran on the emulator in {pr.wall_seconds:.1f} s{' (dp and tp folded)' if fold else ''}:")
             print(pr.table())
         return 0
-    est = evaluate(model, cluster, dims, args.seq, args.batch_tokens)
+    est = evaluate(model, cluster, dims, args.seq, args.batch_tokens, stack=args.stack)
     problem = too_long(est)
     if problem:
         est.problems.append(problem)
@@ -241,9 +251,30 @@ def _one(model, cluster, dims, args):
     return 0 if est.valid else 1
 
 
+def _work(model, cluster, dims, args):
+    """One block's declared work on a rank of ``dims``, each item with its time on the cluster."""
+    from ..machine.work import table
+    from ..parallel.layer_shape import of_plan
+    from ..parallel.tp_block import declared_block
+    from .precision_of import plan_context
+    from .timing import Timer
+
+    est = evaluate(model, cluster, dims, args.seq, args.batch_tokens, stack=args.stack)
+    if est.step_time is None:
+        raise ConfigError("the plan cannot run: " + "; ".join(est.problems))
+    ctx = plan_context(args.stack)
+    timer = Timer(cluster, dims, ctx.stack)
+    work = declared_block(of_plan(model.with_seq(args.seq), dims, est.micro_batch, args.seq), ctx,
+                          dims.cp - 1 if dims.cp > 1 else 0)
+    print(f"{model.name or 'model'}, one block on a rank of {dims}, {est.micro_batch} sequence(s) per micro-batch, "
+          f"as {ctx.stack.name} runs it ({ctx.precision.name}):")
+    print(table(work, lambda x: timer.op(x, 0)))
+    return 0
+
+
 def _search(model, cluster, args):
     rejected = []
-    ranked = search(model, cluster, args.seq, args.batch_tokens, top=args.top, rejected=rejected)
+    ranked = search(model, cluster, args.seq, args.batch_tokens, top=args.top, rejected=rejected, stack=args.stack)
     problems = [p for p in (too_long(e) for _, e in ranked[:1]) if p]  # the best plan's: every other is slower
     if args.json:
         print(json.dumps({"version": __version__, "ranked": [e.as_dict() for _, e in ranked], "problems": problems,
