@@ -1,0 +1,106 @@
+"""Software stacks as data: each preset's settings carry their sources (every number equal to
+the number its quote gives), the presets differ in the kernels they run, not by a factor,
+and a name that is not a stack is refused with the ones that are."""
+
+import re
+from dataclasses import fields
+
+import pytest
+
+from emulator import ConfigError
+from emulator.machine import stack_sources
+from emulator.machine.stack import FUSIONS, Stack, context, stack_preset
+from emulator.parallel.layer_shape import LayerShape
+from emulator.parallel.tp_block import block_work
+from emulator.planner import cluster_preset, evaluate, model_preset
+from emulator.parallel import ParallelDims
+
+NAMES = ("megatron-core", "megatron-2021", "pytorch-eager", "pytorch-compile")
+LLAMA_BLOCK = LayerShape(1, 4096, 4096, 32, 8, 14336, 128256, mlp="swiglu", bias=False, norm="rmsnorm", rope=True,
+                         tp=2, sp=True)
+
+
+def _numbers(text):
+    return [float(x.replace(",", "")) for x in re.findall(r"\d[\d,]*\.?\d*(?:e-?\d+)?", text)]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_setting_has_a_source_and_every_number_its_quote(name):
+    stack = stack_preset(name)
+    assert stack.name == name and stack.sources
+    for key, src in stack.sources.items():
+        assert src.quote and src.repo, key
+        if src.value is not None:
+            assert src.value in _numbers(src.quote), (key, src.value, src.quote)
+    # the numbers the stack uses are its sources' values (in the setting's units)
+    from emulator.parallel.tp_regions import PIPELINE_SPLITS
+
+    numbers = {"bucket": stack.bucket.minimum, "bucket.per_rank": stack.bucket.per_rank,
+               "bucket.first": stack.bucket.first, "tp_overlap_sms": stack.tp_overlap_sms,
+               "tp_overlap_splits": PIPELINE_SPLITS, "dispatch": stack.dispatch, "launch": stack.launch}
+    for key, src in stack.sources.items():
+        if src.value is not None:
+            assert key in numbers, (name, key)
+            assert numbers[key] == pytest.approx(src.value * src.scale), (name, key, numbers[key], src.value)
+    for fusion in stack.fused:  # each fusion it has is sourced
+        assert f"fused.{fusion}" in stack.sources, (name, fusion)
+
+
+def test_each_numeric_setting_of_the_presets_is_checked_against_a_quote():
+    checked = {(n, k) for n in NAMES for k, s in stack_preset(n).sources.items() if s.value is not None}
+    assert ("megatron-core", "bucket") in checked and ("megatron-core", "tp_overlap_sms") in checked
+    assert ("pytorch-eager", "bucket") in checked and ("pytorch-eager", "dispatch") in checked
+    assert stack_sources.MEGATRON_CORE["bucket"].value == 40_000_000
+
+
+def test_the_presets_differ_in_the_kernels_they_run():
+    works = {n: block_work(LLAMA_BLOCK, context(n)) for n in NAMES}
+    names = {n: [k.name for k in w.kernels()] for n, w in works.items()}
+    # the 2021 code: attention's scores as batched GEMMs in HBM, softmax and its backward apart
+    assert any("scores Q K^T" in x for x in names["megatron-2021"])
+    assert any("softmax backward" in x for x in names["megatron-2021"])
+    assert not any("scores" in x for x in names["megatron-core"])
+    assert {k.kind for k in works["megatron-core"].kernels("forward")} >= {"attention"}
+    # eager torch: the activation's and RoPE's ops each a kernel, q, k, v three GEMMs
+    for ops in ("mlp: activation: silu(gate)", "mlp: activation: * up", "attention: rope q: .float()",
+                "attention: qkv: q"):
+        assert ops in names["pytorch-eager"] and ops not in names["megatron-core"], ops
+    assert len(works["pytorch-eager"].kernels()) > len(works["pytorch-compile"].kernels()) > 0
+    assert len(works["pytorch-eager"].kernels()) > len(works["megatron-core"].kernels())
+    # fused weight-gradient accumulation (Megatron) against an add into the gradient buffer (eager)
+    assert any(k.name.endswith("accumulate") for k in works["pytorch-eager"].kernels("backward_weight"))
+    assert not any(k.name.endswith("accumulate") for k in works["megatron-core"].kernels("backward_weight"))
+
+
+def test_a_plan_costs_more_on_the_stacks_that_fuse_less():
+    m, c = model_preset("llama3-8b"), cluster_preset("h100", nodes=1)
+    dims = ParallelDims(dp=2, tp=4, sequence_parallel=True, micro_batches=4)
+    times = {n: evaluate(m, c, dims, 4096, 8 * 4096 * 2, stack=n).step_time for n in NAMES}
+    assert times["pytorch-eager"] > times["pytorch-compile"]
+    assert times["pytorch-eager"] > times["megatron-core"]
+
+
+def test_unknown_stacks_and_bad_settings_are_refused():
+    with pytest.raises(ConfigError, match="megatron-core, megatron-2021, pytorch-eager, pytorch-compile"):
+        stack_preset("jax")
+    with pytest.raises(ConfigError, match="unknown software stack"):
+        evaluate(model_preset("llama3-8b"), cluster_preset("h100"), ParallelDims(dp=8), 4096, 8 * 4096,
+                 stack="deepspeed")
+    base = stack_preset()
+    with pytest.raises(ConfigError, match="attention"):
+        base.replace(attention="sparse")
+    with pytest.raises(ConfigError, match="fused"):
+        base.replace(fused=frozenset({"everything"}))
+    with pytest.raises(ConfigError, match="dispatch"):
+        base.replace(dispatch=-1.0)
+    assert set(FUSIONS) >= set().union(*(stack_preset(n).fused for n in NAMES))
+    assert {f.name for f in fields(Stack)} >= {"precision", "attention", "fused", "grad_overlap", "bucket",
+                                                "param_gather_overlap", "fsdp_prefetch", "tp_comm_overlap",
+                                                "launch", "dispatch"}
+
+
+def test_the_contention_beside_nccl_is_the_published_average():
+    from emulator.machine import comm_overlap
+
+    assert comm_overlap.NCCL_CONTENTION == 0.189
+    assert "an average computational slowdown of 18.9%" in " ".join(comm_overlap.__doc__.split())
