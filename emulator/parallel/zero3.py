@@ -25,6 +25,7 @@ class ZeRO3(DataParallelStrategy):
         self.state = self.sharded_optimizer(self.my)
         self.grad_shards = {}
         self.pending = {}  # layer -> handle of its all-gather, started early
+        self.reducing = None  # (layer, handle) of the reduce-scatter in flight (with prefetch, as FSDP2)
         self.gathered = {}  # layer -> [its full parameters, how many users still hold them]
 
     def _gather(self, name, upcoming):
@@ -56,10 +57,31 @@ class ZeRO3(DataParallelStrategy):
 
     def grads_ready(self, name, grads, last):
         self._done_with(name)
-        self.reduce_scatter_grads(name, grads, self.grad_shards)
+        if not self.prefetch:
+            self.reduce_scatter_grads(name, grads, self.grad_shards)
+            return
+        # FSDP2: the reduce-scatter goes on its own stream while the next layer's backward runs;
+        # the one before is waited for first (one in flight, as its buffer is freed then)
+        self._finish_reduce()
+        flat = self.layouts[name].flatten(grads)
+        self.memory.hold(f"fullgrad:{name}", flat, "buffers")
+        self.reducing = (name, self.comm.reduce_scatter(flat, async_op=True))
+
+    def _finish_reduce(self):
+        if self.reducing is None:
+            return
+        name, handle = self.reducing
+        self.reducing = None
+        mine = handle.wait() / self.divisor
+        self.memory.release(f"fullgrad:{name}")
+        if name in self.grad_shards:
+            self.grad_shards[name] += mine
+        else:
+            self.grad_shards[name] = mine
+            self.memory.hold(f"grads:{name}", mine, "grads")
 
     def reduce_grads(self):
-        pass  # reduce-scattered as backward went
+        self._finish_reduce()  # the rest reduce-scattered as backward went
 
     def owned_grads(self):
         return self.sliced_owned_grads(self.grad_shards)

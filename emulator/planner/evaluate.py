@@ -194,7 +194,8 @@ def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=Non
     def play(m_sim):
         """The pipeline of ``m_sim`` micro-batches: (timing, each rank's end, busy seconds, tails, table)."""
         actions = _schedule(dims.schedule, p, m_sim, v)
-        durations = [action_durations(actions[r], per_layer[r], dims) for r in range(p)]
+        durations = [action_durations(actions[r], per_layer[r], dims, prefetch=ctx.stack.fsdp_prefetch)
+                     for r in range(p)]
         host = [action_durations(actions[r], per_layer[r], dims, host=True) for r in range(p)]
         timing = simulate(actions, durations, lambda src, dst: timer.p2p(boundary, src, dst), host)
         ends = [max(e for _, _, e in timing[r]) for r in range(p)]

@@ -311,7 +311,7 @@ def layer_times(timer, layer, r, dims, ctx):
     f, again, b, w = _passes(timer, layer, r, dims.recompute == "full")
     hf, h_again, hb, hw = _host(timer, layer, dims.recompute == "full")
     saved = timer.bulk_saving(layer, r) if layer.name == "block" and dims.schedule != "zb_h1" else 0.0
-    return {"F": f, "B": again + b + w + partial + rs - saved, "Bs": again + b, "W": w + partial + rs, "ag": ag,
+    return {"F": f, "B": again + b + w + partial + rs - saved, "rs": rs, "Bs": again + b, "W": w + partial + rs, "ag": ag,
             "host F": hf, "host B": h_again + hb + hw, "host Bs": h_again + hb, "host W": hw}
 
 
@@ -333,9 +333,11 @@ def _passes(timer, layer, r, recompute):
     return layer.times[key]
 
 
-def action_durations(actions, per_layer, dims, host=False):
+def action_durations(actions, per_layer, dims, host=False, prefetch=False):
     """Seconds of each of one rank's actions (``per_layer[c]``: its chunks' layer times):
-    the GPU's, or (``host=True``) the host's to issue them."""
+    the GPU's, or (``host=True``) the host's to issue them. ``prefetch`` (ZeRO-3 as FSDP2
+    runs it): a layer's all-gather runs while the layer before it computes, its
+    reduce-scatter while the layer after it in backward does (:func:`prefetched`)."""
     from .memory import zero3_held
 
     split = dims.schedule == "zb_h1"
@@ -349,11 +351,36 @@ def action_durations(actions, per_layer, dims, host=False):
             name = "F" if kind == "F" else "W" if kind == "W" else ("Bs" if split else "B")
             if host:
                 memo[key] = sum(t["host " + name] for t in ts)
+            elif prefetch and dims.zero_stage == 3 and kind != "W":
+                memo[key] = prefetched(ts, name, h)
             else:
                 gather = 0.0 if (h or kind == "W") else sum(t["ag"] for t in ts)
                 memo[key] = sum(t[name] for t in ts) + gather
         out.append(memo[key])
     return out
+
+
+def prefetched(ts, name, held):
+    """A chunk's forward or backward under FSDP2's prefetch (:class:`emulator.parallel.zero3.ZeRO3`
+    with ``prefetch``): each layer's gather starts as the layer before it (in the pass's
+    order) starts computing, so only what outlasts that layer shows; each layer's
+    reduce-scatter runs beside the next layer's backward, the last one after; the compute
+    beside them slowed as beside any NCCL kernel (:data:`emulator.machine.comm_overlap.NCCL_CONTENTION`)."""
+    from ..machine.comm_overlap import contention
+
+    order = ts if name == "F" else ts[::-1]
+    compute = [t[name] - (t["rs"] if name != "F" else 0.0) for t in order]
+    total = sum(compute)
+    for i, t in enumerate(order):
+        if not held:
+            ag = t["ag"]
+            before = compute[i - 1] if i else 0.0
+            total += max(0.0, ag - before) + contention(min(ag, before))
+        if name != "F":
+            rs = t["rs"]
+            after = compute[i + 1] if i + 1 < len(order) else 0.0
+            total += max(0.0, rs - after) + contention(min(rs, after))
+    return total
 
 
 # ----------------------------------------------------------------- the pipeline
