@@ -8,7 +8,7 @@
    the published axes, the settings the source does not state searched (the fastest that
    fits), teraFLOP/s per GPU counted as the source counts them, beside the published
    figure. The device model is the emulator's, calibrated from kernel figures only; the
-   target is 15%, and a row outside it is marked with why (see ``WHY``).
+   target is 15%; a row outside it is marked, with where its predicted step goes (``WHY``).
 2. ``--emulator``: Llama 3 405B's pretraining plan on 16,384 H100s, the planner's
    prediction beside the emulator's own run of it (shape-only, dp and tp folded).
 """
@@ -16,60 +16,38 @@
 import argparse
 import time
 
-from emulator.planner.published import RUNS, exposed_seconds, predict, uncharged_seconds, unfused_scores_seconds
+from emulator.planner.published import RUNS, predict
 
 TARGET = 0.15
 
 WHY = {
-    "scores": "the emulator times attention as FlashAttention-2 (the scores stay on chip); the 2021 runs predate "
-              "it and wrote the scores to HBM, with softmax and dropout as separate kernels. Their share falls as h "
-              "grows (heads x s^2 against the GEMMs' s x h^2). Per row, as shares of the predicted step: the "
-              "scores so written, read and recomputed; the elementwise kernels the emulator does not charge; and "
-              "the gap (published step over predicted, less one)",
-    "unexplained": "not explained by the model. Per row, as shares of the predicted step: the kernels the emulator "
-                   "does not charge (bias-dropout-adds, the loss's softmax over the vocabulary, the optimizer's "
-                   "update) at the device's HBM rate, and the gap; the rest is outside what the emulator models",
-    "tp": "the emulator's tensor-parallel collectives are all exposed and carry fp32 values (it computes a bf16 "
-          "model in fp32), and ZeRO-1's reduce-scatter and all-gather over dp wait after the last backward; the "
-          "README says Megatron overlapped all three with compute (--tp-comm-overlap, --overlap-grad-reduce, "
-          "--overlap-param-gather) and it sends bf16. Per row, as shares of the predicted step: the exposed "
-          "tensor-parallel collectives, the exposed data-parallel ones, and the gap",
-    "cp": "the emulator's ring sends its K/V heads in fp32 (it computes a bf16 model in fp32), twice the bytes of "
-          "Llama 3's bf16 all-gather of its 8 K/V heads (section 3.3.2), and passes them around the ring",
-    "memory": "with the emulator's activations (its SwiGLU keeps the gate, the up projection and their product), "
-              "the interleaved schedule Llama 3 used (section 3.3.2) fits at 32 micro-batches per replica only with "
-              "full recomputation; the planner's faster choice, 1F1B, idles 32% of the step in its bubble",
-    "pipeline": "with a deep pipeline the predicted bubble and point-to-point waits dominate; Megatron's runs "
-                "overlap pipeline transfers with compute",
+    "fast": "the published step is longer than the model accounts for: the planner charges every kernel the "
+            "source's stack runs (its declaration per module), the host's launches, each collective with what "
+            "hides it, and the schedule's bubble, and the gap is outside all of them. Per row, as shares of the "
+            "predicted step: where that step goes, and the gap (published step over predicted, less one)",
+    "slow": "the model's step is longer than the source's: per row, as shares of the predicted step, where it "
+            "goes (the exposed collectives and the bubble are what the source may hide better), and the gap",
 }
 
 
 def why(run, est, err):
-    """(the reason a row is off by more than the target, its numbers) or ("", {})."""
+    """(the reason a row is off by more than the target, its numbers: the predicted step's
+    shares by :data:`emulator.planner.breakdown.ORDER`, and ``gap``) or ("", {})."""
     if abs(err) <= TARGET:
         return "", {}
-    # the gap: published step over predicted, less one (= predicted rate over published, less one)
-    shares = dict(uncharged=uncharged_seconds(run, est) / est.step_time,
-                  scores=unfused_scores_seconds(run, est) / est.step_time, gap=err,
-                  tp=exposed_seconds(est, "tp") / est.step_time, dp=exposed_seconds(est, "dp") / est.step_time)
-    if run.cp > 1:
-        return "cp", shares
-    if err > 0:
-        return ("scores" if run.flops == "narayanan" else "unexplained"), shares
-    if run.tp > 1 and run.pp <= 2:  # slow (err < 0 here)
-        return "tp", shares
-    if run.flops == "mfu":
-        return "memory", shares
-    return "pipeline", shares
+    shares = {k: v / est.step_time for k, v in est.breakdown.items() if v > 0}
+    shares["gap"] = err  # published step over predicted, less one (= predicted rate over published, less one)
+    return ("fast" if err > 0 else "slow"), shares
 
 
 def published_table():
     print(f"{'source':10s} {'model':22s} {'GPUs':>6s} {'TP':>3s} {'PP':>3s} {'CP':>3s} {'DP':>4s} "
-          f"{'published':>9s} {'predicted':>9s} {'error':>7s}  planner's plan (unstated settings searched)")
-    within, reasons = 0, {}
+          f"{'published':>9s} {'predicted':>9s} {'error':>7s}  {'stack':14s} planner's plan (unstated settings searched)")
+    within, reasons, errors = 0, {}, []
     for run in RUNS:
         est, tf = predict(run)
         err = tf / run.tflops_per_gpu - 1
+        errors.append(abs(err))
         reason, shares = why(run, est, err)
         within += not reason
         if reason:
@@ -79,19 +57,17 @@ def published_table():
             ("" if est.fits else f"; does not fit ({est.memory_peak / 1e9:.0f} GB)")
         print(f"{run.source.split(',')[0].split(' (')[0][:10]:10s} {run.model:22s} {run.gpus:6,d} {run.tp:3d} "
               f"{run.pp:3d} {run.cp:3d} {run.dp:4d} {run.tflops_per_gpu:9.1f} {tf:9.1f} {err:+7.1%}"
-              f"{' *' if reason else '  '} {plan}")
-    print(f"\n{within} of {len(RUNS)} rows within {TARGET:.0%} (teraFLOP/s per GPU, each source's own FLOP count).")
+              f"{' *' if reason else '  '} {run.stack:14s} {plan}")
+    errors.sort()
+    median = (errors[(len(errors) - 1) // 2] + errors[len(errors) // 2]) / 2
+    print(f"\n{within} of {len(RUNS)} rows within {TARGET:.0%}, median error {median:.1%} (teraFLOP/s per GPU, "
+          "each source's own FLOP count; the stack each row names is the one it is timed with).")
     print("Rows marked * differ by more, for these reasons:")
     for reason, rows in reasons.items():
         print(f"  - {', '.join(model for model, _ in rows)}: {WHY[reason]}")
-        if reason == "tp":
-            for model, shares in rows:
-                print(f"      {model:20s} tp {shares['tp']:4.0%}, dp {shares['dp']:4.0%}, gap {shares['gap']:4.0%}")
-        if reason in ("scores", "unexplained"):
-            for model, shares in rows:
-                scores = f"scores {shares['scores']:4.0%}, " if reason == "scores" else ""
-                print(f"      {model:20s} {scores}uncharged kernels {shares['uncharged']:4.0%}, "
-                      f"gap {shares['gap']:4.0%}")
+        for model, shares in rows:
+            parts = ", ".join(f"{k} {v:.0%}" for k, v in shares.items() if k != "gap" and v >= 0.005)
+            print(f"      {model:20s} {parts}; gap {shares['gap']:+.0%}")
     print("\nSources:")
     for source in sorted({r.source for r in RUNS}):
         print(f"  {source}")

@@ -16,8 +16,8 @@ differently, so the prediction is counted the same way as the row it stands besi
   ``megatron/training/training.py`` at that commit: 12 B s l h^2 ((2 + s/h) + 4 + V/(2 l h))
   for these models (no recomputation counted: MFU). The README says these runs overlapped
   data-parallel (``--overlap-grad-reduce --overlap-param-gather``), tensor-parallel
-  (``--tp-comm-overlap``) and pipeline communication with compute; in the plans priced here
-  (ZeRO-1), the emulator leaves the first two exposed.
+  (``--tp-comm-overlap``) and pipeline communication with compute; the megatron-core stack
+  (:mod:`emulator.machine.stack_sources`) schedules those overlaps as Megatron-Core does.
 * **Llama 3 405B** (Dubey et al. 2024, arXiv:2407.21783), section 3.3.2 and Table 4: 8,192
   and 16,384 H100s, TP 8, PP 16, CP 1 or 16, 16M tokens per step; BF16 MFU 43%, 41%, 38%.
   Counted here as the planner's MFU counts (6N plus attention over the whole sequence).
