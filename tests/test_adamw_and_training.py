@@ -42,7 +42,7 @@ def test_mixed_precision_costs_16_bytes_per_parameter():
     assert per_param == 16
     # the update happened in fp32 on the master copy, then was rounded to bf16
     assert np.array_equal(new["w"], state["master"]["w"].astype(bfloat16))
-    with pytest.raises(ValueError, match="pass bf16 parameters"):
+    with pytest.raises(ValueError, match="pass 16-bit parameters"):
         opt.init({"w": np.zeros(3, np.float32)})
 
 
