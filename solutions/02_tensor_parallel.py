@@ -384,7 +384,10 @@ grade.napkin_tp_across_nodes(napkin_tp_across_nodes)
 # first term is everything of size $s \times b \times h$ (or 4h wide in the MLP) and the
 # second the attention scores, quadratic in $s$. `TensorParallelBlock` keeps exactly those
 # tensors (bf16, dropout masks of one byte), under the names of the formula's terms, so
-# the ledger can be read beside the formula line by line. Here on 4 ranks, with tensor
+# the ledger can be read beside the formula line by line. The formula counts Megatron-LM's
+# attention of that time, which wrote the scores to HBM: the emulator runs that code path
+# under the `megatron-2021` software stack (`World(..., stack="megatron-2021")`; its kernels
+# and their sources are in `emulator/machine/stack_sources.py`). Here on 4 ranks, with tensor
 # parallelism alone. *Predict first*: which of the tensors shrink by 4, and which does
 # every rank keep whole?
 
@@ -404,7 +407,7 @@ def measure(comm, sp=False, recompute="none"):
 
 
 t = 4
-got = World(t).run(measure)[0]
+got = World(t, stack="megatron-2021").run(measure)[0]
 want = activation_terms(sm, bm, hm, am, t)
 print(f"{'tensor kept for backward':34s} {'ledger':>8s} {'formula':>8s}")
 for term, v in want.items():
@@ -424,7 +427,7 @@ cases = [("one GPU", 1, False, "none"), ("TP", t, False, "none"), ("TP + SP", t,
          ("TP + SP, selective", t, True, "selective"), ("TP + SP, full", t, True, "full")]
 print(f"{'':20s} {'measured':>9s} {'formula':>9s}")
 for name, tt, sp, rc in cases:
-    m = sum(World(tt).run(measure, sp, rc)[0].values())
+    m = sum(World(tt, stack="megatron-2021").run(measure, sp, rc)[0].values())
     f = activation_bytes_per_layer(sm, bm, hm, am, tt, sp, rc)
     assert m == f
     print(f"{name:20s} {m:>9,d} {f:>9,.0f}")
@@ -435,6 +438,18 @@ for name, tt, sp, rc in cases:
 # recomputation recomputes the softmax and its dropout in backward and drops the
 # $5as/h$ term; full recomputation keeps only the layer's input.
 #
+# Today's Megatron-Core runs attention as one fused kernel (FlashAttention or cuDNN's), the
+# emulator's default stack: the scores never reach HBM, and what backward keeps of the
+# softmax is its statistics, one fp32 number per row of scores, $4as$ bytes per sequence.
+# The quadratic term is gone without any recomputation:
+
+# %%
+flash = sum(World(t).run(measure)[0].values())
+print(f"TP, fused attention: measured {flash:,d} bytes, formula "
+      f"{activation_bytes_per_layer(sm, bm, hm, am, t, attention='flash'):,.0f}; "
+      f"with the scores in HBM {activation_bytes_per_layer(sm, bm, hm, am, t):,.0f}")
+
+# %% [markdown]
 # When is memory at its peak? Run a stack of four such layers forward, then backward,
 # holding each layer's activations until its backward and its gradients until the end
 # (the compute charged at 100 GFLOP/s, so that the small layers take visible time):
@@ -460,7 +475,7 @@ def stack(comm, layers=4):
         comm.memory.release(f"layer {i}")
 
 
-world = World(t, topology=Topology(flops=1e11))
+world = World(t, topology=Topology(flops=1e11), stack="megatron-2021")
 world.run(stack)
 viz.memory_over_time(world.memory[0], title="rank 0, four TP layers: forward, then backward")
 plt.show()
@@ -550,13 +565,11 @@ grade.check_sp_forward(sp_mlp_forward)
 # gap between the ranks' copies a rounding error, or as large as the update itself?
 
 # %%
-class ForgetfulBlock(TensorParallelBlock):
-    def sync_sequence_parallel_grads(self, grads):
-        return grads  # the missing collective
-
-
-def drift(comm, block_cls, steps=3):
-    tb = block_cls(comm, d, heads, ff, sequence_parallel=True, act_dtype=np.float64)
+def drift(comm, forget, steps=3):
+    # reduce_partial_grads=False: the block leaves that all-reduce out (the mesh runtime does so,
+    # and sums those gradients with the data-parallel ones; here nothing sums them)
+    tb = TensorParallelBlock(comm, d, heads, ff, sequence_parallel=True, act_dtype=np.float64,
+                             reduce_partial_grads=not forget)
     p = tb.shard(block_params)
     sl = slice(comm.rank * s // comm.size, (comm.rank + 1) * s // comm.size)
     for _ in range(steps):
@@ -566,10 +579,17 @@ def drift(comm, block_cls, steps=3):
     return p["ln1.g"]
 
 
-for cls in (ForgetfulBlock, TensorParallelBlock):
-    g = World(4).run(drift, cls)
-    print(f"{cls.__name__:20s}: ln1.g moved by up to {np.abs(g[0] - 1).max():.1e} in 3 steps; "
-          f"largest difference between the ranks' copies: {max(np.abs(gi - g[0]).max() for gi in g):.1e}")
+for forget in (True, False):
+    g = World(4).run(drift, forget)
+    print(f"{'without' if forget else 'with':7s} the all-reduce: ln1.g moved by up to {np.abs(g[0] - 1).max():.1e} "
+          f"in 3 steps; largest difference between the ranks' copies: {max(np.abs(gi - g[0]).max() for gi in g):.1e}")
+
+# %% [markdown]
+# A subclass that only skipped the collective (overriding `sync_sequence_parallel_grads`)
+# would not get this far: every module of the library declares the kernels and collectives
+# each of its passes runs, and the emulator fails a pass whose collectives differ from its
+# declaration, naming the rank. On a cluster nothing checks: the run trains on, and the
+# copies drift.
 
 # %% [markdown]
 # **Exercise 2.4** — the backward of your sublayer. `dy` is this rank's (b, s/t, h) slice

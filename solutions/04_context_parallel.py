@@ -34,11 +34,14 @@ setup()
 # %% [markdown]
 # ## 1. When the sequence is what overflows
 #
-# One layer keeps $sbh\,(34 + 5as/h)$ bytes for backward (lesson 02): the first term is
-# linear in the sequence length $s$, the second, the attention scores, quadratic. Lesson
-# 02's block keeps exactly these tensors; here its ledger as $s$ doubles, beside the
-# formula (a small layer: $h = 64$, 8 heads, bf16). *Predict first*: from $s = 64$ to
-# $s = 512$, eight times the tokens, how many times the bytes?
+# One layer keeps $sbh\,(34 + 5as/h)$ bytes for backward when its attention writes the
+# scores to HBM (lesson 02; Megatron-LM's attention until fused kernels, the emulator's
+# `megatron-2021` stack): the first term is linear in the sequence length $s$, the second,
+# the scores, quadratic. A fused attention kernel (FlashAttention, the `megatron-core`
+# default) keeps only the softmax's statistics, $4as$ bytes per sequence. Here the block's
+# ledger under both as $s$ doubles, beside the formulas (a small layer: $h = 64$, 8 heads,
+# bf16). *Predict first*: from $s = 64$ to $s = 512$, eight times the tokens, how many times
+# the bytes, with the scores kept and without?
 
 # %%
 h, a, b = 64, 8, 1
@@ -51,22 +54,28 @@ def kept(comm, s):
     return sum(cached_terms(block.forward(block.shard(layer), x)[1]).values())
 
 
-print(f"{'s':>5s} {'ledger':>10s} {'formula':>10s} {'of which scores':>16s}")
+rows = {}
+print(f"{'':5s} {'scores in HBM (megatron-2021)':>30s} {'fused attention (megatron-core)':>32s}")
+print(f"{'s':>5s} {'ledger':>14s} {'formula':>15s} {'ledger':>16s} {'formula':>15s}")
 for s in (64, 128, 256, 512):
-    measured = World(1).run(kept, s)[0]
-    print(f"{s:>5d} {measured:>10,d} {activation_bytes_per_layer(s, b, h, a):>10,.0f} {5 * a * s * s * b:>16,d}")
+    rows[s] = World(1, stack="megatron-2021").run(kept, s)[0], World(1, stack="megatron-core").run(kept, s)[0]
+    print(f"{s:>5d} {rows[s][0]:>14,d} {activation_bytes_per_layer(s, b, h, a):>15,.0f} {rows[s][1]:>16,d} "
+          f"{activation_bytes_per_layer(s, b, h, a, attention='flash'):>15,.0f}")
+print(f"s = 64 to 512: x{rows[512][0] / rows[64][0]:.0f} with the scores kept, x{rows[512][1] / rows[64][1]:.0f} "
+      "with the fused kernel")
 
 # %% [markdown]
-# Each doubling of $s$ multiplies the bytes by nearly four once the scores dominate
-# (38x for eight times the tokens here). For a
-# real layer ($h = 8192$, 64 heads) at 128k tokens, one sequence:
+# With the scores kept, each doubling of $s$ multiplies the bytes by nearly four once the
+# scores dominate; with the fused kernel the bytes grow as the tokens do. Linear is not
+# small. For a real layer ($h = 8192$, 64 heads) at 128k tokens, one sequence:
 
 # %%
 fig, ax = plt.subplots(figsize=(7.5, 2.8))
 lengths = 2 ** np.arange(10, 18)
 ax.loglog(lengths, [activation_bytes_per_layer(int(s), 1, 8192, 64) / 1e9 for s in lengths], "o-",
           label="sbh(34 + 5as/h): scores kept")
-ax.loglog(lengths, [34 * s * 8192 / 1e9 for s in lengths], "s-", label="34 sbh: scores never stored (flash)")
+ax.loglog(lengths, [activation_bytes_per_layer(int(s), 1, 8192, 64, attention="flash") / 1e9 for s in lengths],
+          "s-", label="34 sbh + 4as: scores never stored (fused)")
 ax.axhline(80, color="black", ls="--", lw=1)
 ax.text(lengths[0], 85, "80 GB GPU", fontsize=8)
 ax.set_xlabel("sequence length s")
@@ -74,7 +83,8 @@ ax.set_ylabel("GB per layer")
 ax.legend(frameon=False, fontsize=8)
 plt.show()
 print(f"at s = 131072: {activation_bytes_per_layer(131072, 1, 8192, 64) / 1e9:,.0f} GB per layer with the scores, "
-      f"{34 * 131072 * 8192 / 1e9:.1f} GB without them, times 80 layers")
+      f"{activation_bytes_per_layer(131072, 1, 8192, 64, attention='flash') / 1e9:.1f} GB without them, "
+      "times 80 layers")
 
 # %% [markdown]
 # Splitting the heads does shrink the quadratic term on each GPU: tensor parallelism gives

@@ -423,7 +423,9 @@ grade.check_ep_capacity(ep_forward_capacity)
 #
 # With experts split over ranks, the busiest expert's rank computes longest, and every
 # other rank waits for it in the combine. The same skewed router on 4 ranks (compute
-# charged at a slow 100 GFLOP/s, so the experts' time is visible). *Predict first*: which
+# charged at a slow 10 GFLOP/s, so that the experts' time stands out from the host's
+# launches, 7 µs per kernel, which at a real GPU's speed would hide it in a layer this
+# small). *Predict first*: which
 # rank finishes last, and what do the others do meanwhile?
 
 # %%
@@ -432,7 +434,7 @@ def skewed_layer(comm):
     return ep.forward(comm, nn.MoE(16, 32, 8, 2, dtype=np.float64), local, np.split(tokens_1k, 4)[comm.rank])[1]
 
 
-world = World(4, topology=Topology(flops=1e11))
+world = World(4, topology=Topology(flops=1e10))
 caches = world.run(skewed_layer)
 viz.gantt(world.timeline(), title="expert parallel forward: rank 0 holds the favourite expert")
 plt.show()
@@ -511,10 +513,11 @@ for per_gpu in (1, 16, 32, 128):
 # Expert parallelism keeps each expert's matrices whole and moves only the routed rows.
 # The same layer on 8 ranks of one node, 1024 tokens, at two widths $d$ (narrow experts,
 # d_ff = 64, keep the notebook quick; the bytes depend on $d$; compute charged at an
-# H100's peak):
+# H100's peak, each kernel launched by the host as the default `megatron-core` stack does).
+# *Predict first*: does the layer that sends fewer bytes always finish first?
 
 # %%
-for d in (64, 1024):
+for d in (64, 2048):
     big = nn.MoE(d, 64, 8, 2, dtype=np.float32)
     bp = big.init(np.random.default_rng(5))
     tokens_1k_d = np.random.default_rng(6).standard_normal((1024, d)).astype(np.float32)
@@ -528,14 +531,21 @@ for d in (64, 1024):
         res = w.run(fn)
         got = res[0] if name.startswith("TP") else np.concatenate(res)
         assert np.abs(got - ref_y).max() < 1e-6   # float32 round-off; its digits vary by CPU
-        print(f"d={d:3d} {name:30s}: {w.stats().bytes_sent[0] / 1e6:6.2f} MB sent per rank, "
-              f"{max(w.stats().time) * 1e6:5.1f} us; equal to one device within 1e-6")
+        host = sum(e.end - e.start for e in w.timeline().events if e.rank == 0 and e.name == "wait the host")
+        print(f"d={d:4d} {name:30s}: {w.stats().bytes_sent[0] / 1e6:6.2f} MB sent per rank, "
+              f"{max(w.stats().time) * 1e6:5.1f} us (GPU waiting for the host {host * 1e6:4.1f}); "
+              "equal to one device within 1e-6")
 
 # %% [markdown]
 # TP replicates the tokens on every rank and all-reduces dense outputs; EP sends each token
-# only where it is routed: a quarter of the bytes here (top-2 of 8). Each all-to-all is
-# one latency (every message at once), against the ring all-reduce's 14 steps, so EP is
-# faster at both widths. With EP equal to the number of experts each rank holds one whole
+# only where it is routed: a quarter of the bytes here (top-2 of 8). Fewer bytes is not
+# yet less time at $d = 64$: the whole layer takes tens of microseconds, about what the
+# host needs to issue its kernels (7 µs each), and EP's layer has more of them (the
+# router's top-k, the permutation, the all-gather of the counts, two all-to-alls), so its
+# GPU waits for the host and TP finishes first. At $d = 2048$ TP's all-reduce of the dense
+# output has grown with $d$ while EP's all-to-alls, one latency each (every message at
+# once, against the ring all-reduce's 14 steps), carry a quarter of its bytes: EP wins, and
+# the wider the layer, the more. With EP equal to the number of experts each rank holds one whole
 # expert, its GEMMs full size, and every row that arrives is for that expert: the local
 # permutation of tokens by expert, and its inverse, are not needed (Megatron-Core's MoE
 # README, its guideline 4, "Prefer EP over TP for Expert Layers": "When `EP = num_experts`,
