@@ -73,15 +73,19 @@ def citation_table():
     for f in cal.PUBLISHED_HBM:
         rows.append((f.device, f.kernel, f.tbps, devs[f.device].achieved_hbm / 1e12, "TB/s", f.source))
     return Table([{"device": d, "kernel": w, "published": f"{p:g}", "model": f"{m:.3g}", "unit": u,
-                   "error": f"{m / p - 1:+.1%}", "source": s} for d, w, p, m, u, s in rows])
+                   "error": f"{m / p - 1:+.1%}", "role": "table" if s == cal.XLA else "check", "source": s}
+                  for d, w, p, m, u, s in rows])
 
 
 def main():
     print("One Llama 3 405B layer per TP8 rank, micro-batch 1 x 8192 tokens, bf16:\n")
     print(layer_table())
     cite = citation_table()
-    worst = max(abs(float(r["error"].rstrip("%"))) for r in cite)
-    print(f"\nThe model beside {len(cite)} published kernel figures (worst error {worst:.1f}%, bound 10%):\n")
+    checks = [r for r in cite if r["role"] == "check"]
+    worst = max(abs(float(r["error"].rstrip("%"))) for r in checks)
+    print(f"\nThe model beside {len(cite)} published kernel figures. {len(cite) - len(checks)} rows (role "
+          f"'table') are XLA's H100 GEMM sweep, which the model interpolates inside its grid, so they agree by "
+          f"construction; the other {len(checks)} check it (worst error {worst:.1f}%, bound 10%):\n")
     print(cite)
 
 
