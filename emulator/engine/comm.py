@@ -269,7 +269,10 @@ class Comm(PointToPoint):
                 rv.ready[me], w._charges[me][-1].ready_at = early, None
         if len(rv.inputs) == self._live_count():
             del w._pending[(key, seq)]
-            self._complete(rv, run)
+            if len(rv.inputs) < self.size:  # the others are folded into this rank: as they would arrive
+                w._deferred[me].append((self, rv, run))
+            else:
+                self._complete(rv, run)
         handle = Handle(w, me, rv)
         return handle if async_op else handle.wait()
 

@@ -35,6 +35,8 @@ class Handle:
         self.contended = True  # its compute beside it is slowed (an NCCL collective), unless TE runs it
 
     def is_completed(self):
+        if not self._work.done and self._world._deferred[self._rank]:
+            self._world.run_deferred(self._rank)
         return self._work.done
 
     def span(self):

@@ -151,6 +151,9 @@ class World:
         self._trace_cache = None
         self.dead = {}  # rank -> when it died (a RankFailure)
         self._broken = []  # collectives a dying member never finished
+        # folded worlds: per rank, the collectives whose other members are all folded into it; they
+        # run when the rank next blocks (or returns), as the last member would have arrived then
+        self._deferred = [[] for _ in range(n)]
         self.faults.doomed = set()
 
     def _clock_of(self, r):
@@ -194,6 +197,11 @@ class World:
             except BaseException as exc:  # noqa: BLE001 -- re-raised below with the rank
                 self._failure = RankError(rank, exc, traceback.format_exc())
                 self._failure.__cause__ = exc
+            if self._failure is None and rank not in self.dead:
+                try:
+                    self.run_deferred(rank)
+                except EmulatorError as exc:
+                    self._failure = exc
             self._finished[rank] = True
             self._waiting.pop(rank, None)
 
@@ -252,9 +260,24 @@ class World:
     def _block(self, rank, why):
         """Switch away from ``rank`` until something calls ``_wake(rank)``. Callers loop
         on their condition, so a wake-up that finds it still false just blocks again.
-        ``why`` is a callable describing the wait (only called to report a deadlock)."""
+        ``why`` is a callable describing the wait (only called to report a deadlock).
+        A rank with deferred collectives runs those instead and returns (its caller checks
+        its condition again)."""
+        if self._deferred[rank]:
+            self.run_deferred(rank)
+            return
         self._waiting[rank] = why
         self._main.switch()
+
+    def run_deferred(self, rank):
+        """Run the collectives ``rank`` completed alone in a folded world, in the order it
+        called them. In the unfolded world the last member arrives only once ``rank`` has
+        gone as far as it can (ranks run in order, each until it waits), so its point-to-point
+        messages posted meanwhile take the links first; deferring keeps that order, and a
+        folded run equal to the unfolded one."""
+        todo, self._deferred[rank] = self._deferred[rank], []
+        for comm, rv, run in todo:
+            comm._complete(rv, run)
 
     def _wake(self, rank):
         if self._waiting.pop(rank, None) is not None:

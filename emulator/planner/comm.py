@@ -156,6 +156,7 @@ def comm_table(est, layers, per_layer, timer, timing, boundary, ctx, m_played):
                     x["seconds"] for x in rows.values() if x["axis"] in ("dp,cp", "edp")))
     table = Table(sorted(rows.values(), key=lambda x: ("tp", "cp", "ep", "pp", "dp,cp", "edp").index(x["axis"])),
                   byte_columns=["bytes"])
+    table.rank = r  # the pipeline rank it describes
     return tails, table
 
 

@@ -76,8 +76,7 @@ class PlanRun:
 
     def comm_stage(self):
         """The stage whose rank the estimate's communication table describes."""
-        est = self.estimate
-        return max(range(est.dims.pp), key=lambda r: est.stage_ends[r])
+        return self.estimate.comm.rank
 
     def table(self):
         """Predicted beside measured, with the relative error of each."""
