@@ -99,3 +99,20 @@ def test_run_chosen_turns_a_refused_plan_into_its_reason():
                               micro_batches=4, top=1)
     text, fig = run_chosen(bad)
     assert text.startswith("cannot run this plan") and "but the cluster has 8" in text and fig is None
+
+
+def test_plan_explorer_shows_where_the_step_goes_under_the_chosen_stack():
+    args = dict(model="llama3-8b", nodes=1, seq_len=2048, batch_tokens=2**18, dp=2, tp=2, pp=2, micro_batches=16,
+                top=1)
+    core, eager = (plan_explorer_model(**args, stack=s) for s in ("megatron-core", "pytorch-eager"))
+    assert core["text"].startswith("megatron-core: step") and eager["text"].startswith("pytorch-eager: step")
+    assert eager["estimate"].step_time > core["estimate"].step_time  # every op its own kernel, launched by the host
+    bar = core["figure"].axes[1]
+    drawn = sum(p.get_width() for p in bar.patches)
+    assert drawn == pytest.approx(core["estimate"].step_time, rel=1e-9)  # the whole step, part by part
+    labels = [t.get_text() for t in bar.get_legend().get_texts()]
+    assert any(t.startswith("GEMMs") for t in labels) and any(t.startswith("bubble") for t in labels)
+    w = PlanExplorer(model="llama3-8b", nodes=1, seq_len=2048, batch_tokens=2**18, dp=2, tp=2, pp=2,
+                     micro_batches=16)
+    w.stack.value = "pytorch-eager"
+    assert w.summary.value.count("pytorch-eager: step") == 1 and w.state["stack"] == "pytorch-eager"

@@ -9,7 +9,8 @@ GPUs of a node.
 
 :class:`PlanExplorer` is the full planner (:mod:`emulator.planner`): a preset model on a
 cluster, every axis, the ZeRO stage, the schedule and recomputation; the estimate (memory
-by kind against HBM, each axis's communication, the step); the ranked plans of a search;
+by kind against HBM, where the step goes as a stacked bar, under a chosen software stack);
+the ranked plans of a search;
 and a button that runs the chosen plan on the emulator and draws predicted beside measured
 (saying that it runs, and why a plan cannot, without losing the last run's result).
 """
@@ -22,6 +23,7 @@ from matplotlib.figure import Figure
 from ..errors import ConfigError
 from ..parallel.dims import RECOMPUTE, SCHEDULES, ParallelDims
 from ..planner import cluster_preset, evaluate, model_preset, run_plan, search
+from ..machine.stack_sources import PRESETS as STACKS
 from ..planner.memory import KINDS
 from .common import new_axes, show_figure, show_model
 
@@ -92,31 +94,27 @@ class MeshPlanner(W.VBox):
 
 def plan_explorer_model(model="llama3-70b", cluster="h100", nodes=8, seq_len=4096, batch_tokens=2**21, dp=4, tp=8,
                         pp=2, cp=1, ep=1, zero_stage=1, schedule="1f1b", recompute="selective", micro_batches=16,
-                        v=1, top=5):
-    """The full planner on one plan (memory by kind, communication per axis, step, problems)
-    and the ``top`` plans of a search."""
+                        v=1, top=5, stack="megatron-core"):
+    """The full planner on one plan under a software ``stack`` (memory by kind, where the
+    step goes, problems) and the ``top`` plans of a search under the same stack."""
     spec = model_preset(model)
     c = cluster_preset(cluster, nodes=nodes)
     dims = ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero_stage, schedule=schedule,
                         recompute=recompute, micro_batches=micro_batches, v=v, sequence_parallel=tp > 1)
-    est = evaluate(spec, c, dims, seq_len, batch_tokens)
-    ranked = search(spec, c, seq_len, batch_tokens, top=top)
-    fig = Figure(figsize=(8.6, 2.6), dpi=100)
+    est = evaluate(spec, c, dims, seq_len, batch_tokens, stack=stack)
+    ranked = search(spec, c, seq_len, batch_tokens, top=top, stack=stack)
+    fig = Figure(figsize=(9.6, 2.4), dpi=100)
     left, right = fig.subplots(1, 2)
     if est.step_time is not None:
         values = [est.memory_bytes[k] / 1e9 for k in KINDS]
         left.barh(list(KINDS), values, color="#2e86c1")
         left.axvline(c.hbm_bytes / 1e9, color="#c0392b", ls="--", lw=1)
         left.set_xlabel(f"GB, worst rank (stage {est.worst_stage}); dashed: HBM")
-        axes = {}
-        for row in est.comm:
-            axes[row["axis"]] = axes.get(row["axis"], 0) + row["exposed"]
-        right.bar(list(axes), list(axes.values()), color="#7d3c98")
-        right.set_ylabel("exposed seconds per step")
+        draw_breakdown(right, est.breakdown, est.step_time)
     fig.suptitle(f"{spec.name} on {c.gpus} GPUs: {dims}" if len(str(dims)) < 90 else f"{spec.name}: {dims}",
                  fontsize=8)
-    fig.tight_layout()
-    head = (f"step {est.step_time:.3g} s, {est.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {est.mfu:.1%}, "
+    fig.tight_layout(rect=(0, 0, 0.86, 1))  # room for the breakdown's legend on the right
+    head = (f"{stack}: step {est.step_time:.3g} s, {est.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {est.mfu:.1%}, "
             f"bubble {est.bubble:.1%}, memory {est.memory_peak / 1e9:.1f} GB" if est.step_time is not None
             else "not evaluated")
     problems = "".join(f"<br>problem: {p}" for p in est.problems)
@@ -124,7 +122,28 @@ def plan_explorer_model(model="llama3-70b", cluster="h100", nodes=8, seq_len=409
                     for i, (d, e) in enumerate(ranked, 1))
     text = f"{head}{problems}<br><b>best plans found</b>:{table or ' none fits'}"
     return {"estimate": est, "ranked": ranked, "text": text, "figure": fig, "dims": dims, "model": spec,
-            "cluster": c, "seq_len": seq_len, "batch_tokens": batch_tokens}
+            "cluster": c, "seq_len": seq_len, "batch_tokens": batch_tokens, "stack": stack}
+
+
+COLOURS = {"GEMMs": "#2e86c1", "attention": "#5dade2", "memory-bound kernels": "#48c9b0",
+           "launch and dispatch": "#f4d03f", "optimizer": "#af7ac5", "tp": "#e67e22", "cp": "#dc7633",
+           "ep": "#ba4a00", "dp": "#c0392b", "bubble": "#bfc9ca"}
+
+
+def draw_breakdown(ax, parts, step, y=0, legend=True):
+    """One stacked bar at ``y``: where the step goes (:mod:`emulator.planner.breakdown`), in
+    seconds, each part's share of ``step`` in the legend."""
+    left = 0.0
+    for name, seconds in parts.items():
+        if seconds <= 0:
+            continue
+        ax.barh([y], [seconds], left=left, color=COLOURS.get(name, "#7f8c8d"),
+                label=f"{name} {seconds / step:.0%}" if legend else None)
+        left += seconds
+    ax.set_yticks([])
+    ax.set_xlabel("seconds of the step (critical rank)")
+    if legend:
+        ax.legend(fontsize=6, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def run_chosen(state):
@@ -139,16 +158,22 @@ def run_chosen(state):
                 f"benchmarks/planner.py --emulator runs a full-size mesh", None)
     spec = state["model"].replace(positions="learned", max_seq=state["seq_len"])
     try:
-        pr = run_plan(spec, c, dims, state["seq_len"], state["batch_tokens"], fold=("dp", "tp"))
+        pr = run_plan(spec, c, dims, state["seq_len"], state["batch_tokens"], fold=("dp", "tp"),
+                      stack=state.get("stack"))
     except ConfigError as exc:
         return f"cannot run this plan: {exc}", None
     rows = pr.table()
-    fig, ax = new_axes(6.4, 0.3 * len(rows) + 1.0)
+    fig = Figure(figsize=(10.0, 0.3 * len(rows) + 1.2), dpi=100)
+    ax, bars = fig.subplots(1, 2)
     names = [r["quantity"] for r in rows]
     ax.barh(names, [float(r["error"].rstrip("%")) for r in rows], color="#2e86c1")
     ax.axvline(0, color="black", lw=0.8)
     ax.set_xlabel("predicted - measured, % of measured")
-    fig.tight_layout()
+    est = state["estimate"]
+    draw_breakdown(bars, pr.run.breakdown(), pr.run.step_time(), y=0)
+    draw_breakdown(bars, est.breakdown, est.step_time, y=1, legend=False)
+    bars.set_yticks([0, 1], ["measured\n(legend: its shares)", "predicted"], fontsize=7)
+    fig.tight_layout(rect=(0, 0, 0.86, 1))
     return "ran on the emulator: " + "; ".join(f"{r['quantity']}: {r['predicted']} vs {r['measured']}"
                                               for r in rows), fig
 
@@ -156,7 +181,8 @@ def run_chosen(state):
 class PlanExplorer(W.VBox):
     state = None
 
-    def __init__(self, model="llama3-70b", nodes=8, seq_len=4096, batch_tokens=2**21, **dims):
+    def __init__(self, model="llama3-70b", nodes=8, seq_len=4096, batch_tokens=2**21, stack="megatron-core",
+                 **dims):
         d = {**dict(dp=4, tp=8, pp=2, cp=1, ep=1, zero_stage=1, schedule="1f1b", recompute="selective",
                     micro_batches=16, v=1), **dims}
         powers = [2**k for k in range(0, 10)]
@@ -170,13 +196,14 @@ class PlanExplorer(W.VBox):
         self.recompute = W.Dropdown(options=RECOMPUTE, value=d["recompute"], description="recompute")
         self.micro = W.SelectionSlider(options=powers, value=d["micro_batches"], description="micro-batches")
         self.v = W.IntSlider(value=d["v"], min=1, max=4, description="v (chunks)")
+        self.stack = W.Dropdown(options=list(STACKS), value=stack, description="stack")
         self.run = W.Button(description="run it on the emulator")
         self.summary, self.image = W.HTML(), W.Image(format="png")
         self.ran, self.ran_image = W.HTML(), W.Image(format="png")
         self.status = W.HTML()  # what the run button is doing, or why it cannot: the last result stays below
         self.seq_len, self.batch_tokens = seq_len, batch_tokens
         controls = [self.model, self.nodes, *self.axes.values(), self.zero, self.schedule, self.recompute,
-                    self.micro, self.v]
+                    self.micro, self.v, self.stack]
         super().__init__([W.HBox(controls[:2]), W.HBox(controls[2:7]), W.HBox(controls[7:]), self.summary,
                           self.image, W.HBox([self.run, self.status]), self.ran, self.ran_image])
         for c in controls:
@@ -188,7 +215,8 @@ class PlanExplorer(W.VBox):
         self.state = show_model(self.summary, self.image, "plan-summary", plan_explorer_model, self.model.value,
                                 "h100", self.nodes.value, self.seq_len, self.batch_tokens,
                                 *(s.value for s in self.axes.values()), self.zero.value, self.schedule.value,
-                                self.recompute.value, self.micro.value, self.v.value) or self.state
+                                self.recompute.value, self.micro.value, self.v.value, 5,
+                                self.stack.value) or self.state
 
     def _run(self, button=None):
         if self.state is None:
