@@ -102,6 +102,17 @@ class DataParallelStrategy:
     def my_slice(self, name, flat):
         return self.layouts[name].shard(flat, self.comm.rank, self.comm.size)
 
+    def step_my_slice(self, name, grad_scale, grads=None):
+        """The optimizer's step on this rank's slice of layer ``name`` with its reduced
+        gradient slice, taken from ``grads`` (default: ``self.grad_slices``) and released:
+        the new slice."""
+        g = (self.grad_slices if grads is None else grads).pop(name)
+        self.memory.release(f"grads:{name}")
+        mine = self.my_slice(name, self.layouts[name].flatten(self.full[name]))
+        new, self.state[name] = self.opt.step({"flat": mine}, {"flat": g * grad_scale if grad_scale != 1.0 else g},
+                                              self.state[name])
+        return new["flat"]
+
     def slice_pieces(self, name, flat_slice):
         """(layer, key, piece) for the parameters that this rank's slice of a layer's flat
         vector covers (the padding left out)."""

@@ -91,13 +91,7 @@ class DistributedOptimizer(DataParallelStrategy):
     def apply(self, grad_scale=1.0):
         self.charge_update()
         for name in self.names:
-            lay = self.layouts[name]
-            g = self.grad_slices.pop(name)
-            self.memory.release(f"grads:{name}")
-            mine = self.my_slice(name, lay.flatten(self.full[name]))
-            new, self.state[name] = self.opt.step({"flat": mine}, {"flat": g * grad_scale if grad_scale != 1.0 else g},
-                                                  self.state[name])
-            self.new[name] = new["flat"]
+            self.new[name] = self.step_my_slice(name, grad_scale)
         self.gathered = set()  # the next forward gathers them
 
     @property

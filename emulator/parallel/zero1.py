@@ -53,13 +53,7 @@ class ZeRO1(DataParallelStrategy):
         self.memory.hold(f"grads:{name}", self.grad_slices[name], "grads")
 
     def _update(self, name, grad_scale):
-        lay = self.layouts[name]
-        g = self.grad_slices.pop(name)
-        self.memory.release(f"grads:{name}")
-        mine = self.my_slice(name, lay.flatten(self.full[name]))
-        new, self.state[name] = self.opt.step({"flat": mine}, {"flat": g * grad_scale if grad_scale != 1.0 else g},
-                                              self.state[name])
-        self.full[name] = lay.unflatten(self.comm.all_gather(new["flat"]))
+        self.full[name] = self.layouts[name].unflatten(self.comm.all_gather(self.step_my_slice(name, grad_scale)))
 
     def shards(self):
         return self.slices_of_full()

@@ -31,13 +31,8 @@ class ZeRO2(DataParallelStrategy):
     def apply(self, grad_scale=1.0):
         self.charge_update()
         for name in self.names:
-            lay = self.layouts[name]
-            mine = self.my_slice(name, lay.flatten(self.full[name]))
-            g = self.grad_shards.pop(name)
-            new, self.state[name] = self.opt.step({"flat": mine}, {"flat": g * grad_scale if grad_scale != 1.0 else g},
-                                                  self.state[name])
-            self.memory.release(f"grads:{name}")
-            self.full[name] = lay.unflatten(self.comm.all_gather(new["flat"]))
+            new = self.step_my_slice(name, grad_scale, self.grad_shards)
+            self.full[name] = self.layouts[name].unflatten(self.comm.all_gather(new))
         self.hold_full_params()
 
     def shards(self):
