@@ -30,8 +30,6 @@ overrides); ``--dtype bfloat16`` runs the blocks in bf16.
 """
 
 import os
-from types import SimpleNamespace
-
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -77,7 +75,7 @@ def mesh_shape(n, tp, local_ranks):
 
 def shard_of(params, rank, n, sp=False):
     """This rank's parameters, cut exactly as the emulator's block cuts them."""
-    return TensorParallelBlock(SimpleNamespace(size=n, rank=rank), D, A, FF, sequence_parallel=sp).shard(params)
+    return TensorParallelBlock.shard_for(params, rank, n, D, A, FF, sequence_parallel=sp)
 
 
 class DenseBlock(torch.nn.Module):

@@ -99,6 +99,19 @@ class TensorParallelBlock:
         """This rank's parameters, cut from the single-device block's by their placements."""
         return shard(full, self.placements(), self.coords(), self.sizes())
 
+    @classmethod
+    def shard_for(cls, full, rank, size, d_model, n_heads, d_ff, **options):
+        """Rank ``rank``'s parameters of a block over ``size`` tensor-parallel ranks, cut as
+        :meth:`shard` cuts them, without running a world (for code outside the emulator, such
+        as a torch lab that loads the same shards)."""
+        from ..engine.comm import Comm
+        from ..engine.world import World
+
+        if not 0 <= rank < size:
+            raise ConfigError(f"rank {rank} is not one of the {size} tensor-parallel ranks")
+        comm = Comm(World(size), rank, tuple(range(size)), "tp")
+        return cls(comm, d_model, n_heads, d_ff, **options).shard(full)
+
     # ----------------------------------------------------------------- helpers
     def _keep(self, x):
         return x.astype(self.act, copy=False)
