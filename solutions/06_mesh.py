@@ -187,14 +187,18 @@ print(checked.table())
 # **Exercise 6.2** — a plan's memory, stage by stage. `layers` lists pipeline rank
 # `rank`'s layers: `{"name", "params": {"dense": elements, "experts": elements},
 # "kept": bytes one micro-batch's forward keeps}` (from `inventory(model, dims, batch,
-# seq_len, rank)`). Parameters and gradients are bf16 (2 bytes per element); Adam keeps 12
-# bytes per element it updates (fp32 master weights and two moments). Dense weights reduce
-# over the `dp x cp` ranks, experts over `dp x cp / ep`. ZeRO-1 keeps only 1/n of the
-# optimizer state, ZeRO-2 of the gradients too, ZeRO-3 of the parameters too (n the size
-# of the group; ceil the division). Under 1F1B with more micro-batches than stages, a
-# rank's peak comes once its gradients are all allocated, with `min(p - rank, m)`
-# micro-batches' activations held. Return `{kind: bytes}` for `params`, `grads`,
-# `optimizer`, `activations`, `buffers` (0 here).
+# seq_len, rank)`). The precision is Megatron-Core's under `--bf16`: parameters in bf16 (2
+# bytes per element), gradients accumulated in fp32 (4 bytes: its `main_grad` buffer), and
+# Adam's 12 bytes per element it updates (fp32 master weights and two moments). Dense
+# weights reduce over the `dp x cp` ranks, experts over `dp x cp / ep` (the `ep` ranks of
+# an expert group hold different experts). ZeRO-1 keeps only 1/n of the optimizer state,
+# ZeRO-2 of the gradients too, ZeRO-3 of the parameters too (n the size of the group; ceil
+# the division). Under 1F1B a rank holds at most `min(p - rank, m)` micro-batches'
+# activations. Return `{kind: bytes}`, the most of each kind the rank holds in a step, for
+# `params`, `grads`, `optimizer`, `activations` and `buffers`. The check compares the first
+# four with the ledger's `peak_by_kind` on eight plans; `buffers` (what ZeRO-2 and 3 hold
+# for a moment: a layer's full gradient before its reduce-scatter, the next layer's
+# gathered weights) it does not grade, so return 0.
 
 # %%
 def plan_memory(layers, dims, rank):
@@ -206,7 +210,7 @@ def plan_memory(layers, dims, rank):
         for group, elems in layer["params"].items():
             mine = -(-elems // groups[group])
             out["params"] += 2 * (mine if z == 3 else elems)
-            out["grads"] += 2 * (mine if z >= 2 else elems)
+            out["grads"] += 4 * (mine if z >= 2 else elems)
             out["optimizer"] += 12 * (mine if z >= 1 else elems)
     in_flight = min(dims.pp - rank, dims.micro_batches)
     out["activations"] = in_flight * sum(layer["kept"] for layer in layers)

@@ -62,9 +62,18 @@ def memory_by_arrays(layers, dims, rank):
     per = np.array([n["dense"], n["experts"]])
     mine = -(-elems // per)
     z = dims.zero_stage
-    return {"params": 2 * float((mine if z == 3 else elems).sum()), "grads": 2 * float((mine if z >= 2 else elems).sum()),
+    return {"params": 2 * float((mine if z == 3 else elems).sum()), "grads": 4 * float((mine if z >= 2 else elems).sum()),
             "optimizer": 12 * float((mine if z else elems).sum()), "buffers": 0.0,
             "activations": float(min(dims.pp - rank, dims.micro_batches) * sum(x["kept"] for x in layers))}
+
+
+def test_plan_memory_plans_cover_every_case_the_text_teaches():
+    plans = [d for _, d, _, _ in g.memory_plans()]
+    assert {d.zero_stage for d in plans} == {0, 1, 2, 3}
+    assert any(d.cp > 1 for d in plans) and any(d.ep > 1 for d in plans) and any(d.tp > 1 and d.sequence_parallel
+                                                                                for d in plans)
+    assert any(d.ep > 1 and d.zero_stage == 3 for d in plans)  # experts' parameters sharded over dp x cp / ep
+    assert {d.pp for d in plans} >= {1, 2, 4}
 
 
 def test_plan_memory_check(capsys):
@@ -82,21 +91,37 @@ def test_plan_memory_check(capsys):
                 out["grads"] = out["grads"] / (dims.dp * dims.cp)
             if "fp32" in change:
                 out["params"] *= 2
+            if "grads_bf16" in change:
+                out["grads"] /= 2
+            if "params_unsharded_at_3" in change and dims.zero_stage == 3:
+                out["params"] = 2 * sum(sum(x["params"].values()) for x in layers)
+            if "experts_over_dp_cp" in change:
+                n = dims.dp * dims.cp
+                fixed = dict(dims.__dict__, ep=1)
+                out = memory_by_arrays(layers, type(dims)(**fixed), rank) if dims.ep > 1 else out
+                out["activations"] = memory_by_arrays(layers, dims, rank)["activations"]
+                assert n
+            if "buffers" in change:
+                out["buffers"] = 10 ** 6
             return out
         return fn
 
-    with pytest.raises(CheckFailed, match="optimizer"):
-        g.check_plan_memory(wrong(optimizer_unsharded=True))
-    with pytest.raises(CheckFailed, match="micro-batches"):  # every stage holding p of them
-        g.check_plan_memory(wrong(in_flight=lambda dims, rank: min(dims.pp, dims.micro_batches)))
-    with pytest.raises(CheckFailed, match="micro-batches"):  # GPipe's count under 1F1B
-        g.check_plan_memory(wrong(in_flight=lambda dims, rank: dims.micro_batches))
-    with pytest.raises(CheckFailed, match="peak"):
-        g.check_plan_memory(wrong(grads_sharded_at_1=True))
-    with pytest.raises(CheckFailed, match="params"):
-        g.check_plan_memory(wrong(fp32=True))
+    cases = [({"optimizer_unsharded": True}, "optimizer .*12 bytes of Adam's state per element of their 1/n slice"),
+             ({"in_flight": lambda dims, rank: min(dims.pp, dims.micro_batches)}, "not p on every stage"),
+             ({"in_flight": lambda dims, rank: dims.micro_batches}, "GPipe's count"),
+             ({"grads_sharded_at_1": True}, "grads .*below ZeRO-2 every rank keeps all of its gradients"),
+             ({"fp32": True}, "params .*bf16 weights, 2 bytes"),
+             ({"grads_bf16": True}, "grads .*fp32, 4 bytes per element"),
+             ({"params_unsharded_at_3": True}, "zero_stage=3.*ZeRO-3 shards the parameters too"),
+             ({"experts_over_dp_cp": True}, "ep=.*dp x cp / ep ranks, not dp x cp")]
+    for change, message in cases:
+        with pytest.raises(CheckFailed, match=message):
+            g.check_plan_memory(wrong(**change))
+    g.check_plan_memory(wrong(buffers=True))  # not graded, as the text says
     with pytest.raises(CheckFailed, match="library's own solution"):
         g.check_plan_memory(lambda layers, dims, rank: evaluate(None, None, dims, 1, 1))
+    with pytest.raises(CheckFailed, match="return a dict"):
+        g.check_plan_memory(lambda layers, dims, rank: [0] * 5)
 
 
 # ----------------------------------------------------------------- Exercise 6.3
@@ -152,6 +177,10 @@ def test_comm_bytes_check(capsys):
                         (dims.dp * dims.micro_batches) * seq * model.d_model * 4 if dims.pp > 1 else 0)
     with pytest.raises(CheckFailed, match="pp sends"):  # the first and last stages send one way only
         g.check_comm_bytes(both_ways)
+    unpadded = changed("dp", lambda v, model, dims, seq, batch, rank: g._unpadded_dp(model, dims, seq, batch, rank)
+                       if dims.zero_stage else v)
+    with pytest.raises(CheckFailed, match="you left the padding out"):
+        g.check_comm_bytes(unpadded)
     bf16 = changed("dp", lambda v, *a: v / 2)
     with pytest.raises(CheckFailed, match="dp sends"):
         g.check_comm_bytes(bf16)

@@ -60,12 +60,18 @@ def check_mesh_coords(fn):
 
 # ----------------------------------------------------------------- Exercise 6.2
 def memory_plans():
-    """(model, dims, seq, batch) whose 1F1B peak comes with every micro-batch in flight."""
+    """(model, dims, seq, batch): every ZeRO stage, TP with SP, CP, experts over ``ep``, 1F1B
+    over 2 and 4 stages, and a plan without a pipeline."""
     dense, gqa = ModelSpec(4, 128, 4, 512, 1024), ModelSpec(8, 128, 8, 384, 1024, n_kv_heads=2, mlp="swiglu")
+    moe = ModelSpec(4, 128, 4, 256, 1024, n_experts=4, top_k=2, mlp="swiglu")
     return [(dense, ParallelDims(dp=2, tp=2, pp=2, micro_batches=4, zero_stage=1, sequence_parallel=True), 256, 16),
             (dense, ParallelDims(dp=4, pp=2, micro_batches=4, zero_stage=0), 256, 32),
             (gqa, ParallelDims(dp=2, pp=4, micro_batches=8, zero_stage=2, recompute="selective"), 256, 32),
-            (gqa, ParallelDims(dp=8, tp=1, zero_stage=1, micro_batches=2), 128, 32)]
+            (gqa, ParallelDims(dp=8, tp=1, zero_stage=1, micro_batches=2), 128, 32),
+            (dense, ParallelDims(dp=4, pp=2, micro_batches=4, zero_stage=3), 256, 16),
+            (dense, ParallelDims(dp=2, cp=2, pp=2, micro_batches=4, zero_stage=2), 256, 8),
+            (moe, ParallelDims(dp=4, ep=2, pp=2, micro_batches=4, zero_stage=1), 256, 16),
+            (moe, ParallelDims(dp=2, cp=2, ep=4, micro_batches=2, zero_stage=3), 256, 4)]
 
 
 def _run(model, dims, seq, batch, topology, mixed=True):
@@ -76,8 +82,65 @@ def _run(model, dims, seq, batch, topology, mixed=True):
                        topology=topology, shape_only=True, fold=())
 
 
+# the mistakes Exercise 6.2's hints name: {name: (kind, what to say)}
+MEMORY_MISTAKES = {
+    "params unsharded": ("params", "ZeRO-3 shards the parameters too: each rank holds 1/n of them between uses"),
+    "params sharded": ("params", "only ZeRO-3 shards the parameters; below it every rank holds all of its stage's"),
+    "experts over dp x cp": (None, "experts are reduced, and so sharded, over dp x cp / ep ranks, not dp x cp: "
+                                   "the ep ranks of a group hold different experts"),
+    "grads bf16": ("grads", "gradients are fp32, 4 bytes per element (Megatron's main_grad under --bf16), not "
+                            "the weights' 2"),
+    "grads sharded": ("grads", "below ZeRO-2 every rank keeps all of its gradients (ZeRO-1 shards only the optimizer state)"),
+    "grads unsharded": ("grads", "ZeRO-2 and ZeRO-3 shard the gradients too: 1/n of them per rank"),
+    "optimizer unsharded": ("optimizer", "ZeRO-1, 2 and 3 keep 12 bytes of Adam's state per element of their "
+                                         "1/n slice"),
+    "p in flight": ("activations", "under 1F1B stage r holds min(p - r, m) micro-batches, not p on every stage"),
+    "m in flight": ("activations", "m micro-batches in flight is GPipe's count; 1F1B holds min(p - r, m) on stage "
+                                   "r"),
+}
+
+
+def memory_model(layers, dims, rank, mistake=None):
+    """{kind: bytes} of Exercise 6.2's model, or of one of :data:`MEMORY_MISTAKES`."""
+    n = {"dense": dims.dp * dims.cp,
+         "experts": dims.dp * dims.cp // (1 if mistake == "experts over dp x cp" else dims.ep)}
+    z = dims.zero_stage
+    p_sharded = {"params unsharded": False, "params sharded": True}.get(mistake, z == 3)
+    g_sharded = {"grads unsharded": False, "grads sharded": True}.get(mistake, z >= 2)
+    o_sharded = z >= 1 and mistake != "optimizer unsharded"
+    out = dict.fromkeys(KINDS, 0)
+    for layer in layers:
+        for group, elems in layer["params"].items():
+            mine = -(-elems // n[group])
+            out["params"] += 2 * (mine if p_sharded else elems)
+            out["grads"] += (2 if mistake == "grads bf16" else 4) * (mine if g_sharded else elems)
+            out["optimizer"] += 12 * (mine if o_sharded else elems)
+    in_flight = {"p in flight": dims.pp, "m in flight": dims.micro_batches}.get(mistake, dims.pp - rank)
+    out["activations"] = min(in_flight, dims.micro_batches) * sum(layer["kept"] for layer in layers)
+    return out
+
+
+def _close(a, b):
+    return abs(a - b) <= 0.01 * b + 1
+
+
+def _memory_hint(kind, got, layers, dims, rank):
+    """What the answer's ``kind`` matches, among the named mistakes (empty if none)."""
+    right = memory_model(layers, dims, rank)
+    said = [say for mistake, (of, say) in MEMORY_MISTAKES.items()
+            if of in (None, kind) and not _close(memory_model(layers, dims, rank, mistake)[kind], right[kind])
+            and _close(got, memory_model(layers, dims, rank, mistake)[kind])]
+    if said:  # some mistakes give the same number on a plan: name each
+        return "; " + "; or ".join(said)
+    return {"params": "; bf16 weights, 2 bytes per element, 1/n of them only under ZeRO-3",
+            "grads": "; fp32 gradients, 4 bytes per element, 1/n of them under ZeRO-2 and 3",
+            "optimizer": "; 12 bytes per element Adam updates: 1/n of them under ZeRO-1, 2 and 3",
+            "activations": "; count the micro-batches in flight on this stage"}[kind]
+
+
 def check_plan_memory(fn):
-    """Exercise 6.2: fn(layers, dims, rank) -> {kind: bytes} of that pipeline rank at its peak."""
+    """Exercise 6.2: fn(layers, dims, rank) -> {kind: bytes}: the most of each kind that
+    pipeline rank ``rank`` holds in a step, compared with the emulator's ledger kind by kind."""
     what = "Exercise 6.2"
     for model, dims, seq, batch in memory_plans():
         run = _run(model, dims, seq, batch, Topology.h100(gpus_per_node=4))
@@ -87,23 +150,16 @@ def check_plan_memory(fn):
                 got = fn(layers, dims, r)
             led = run.world.memory[r * dims.dp * dims.cp * dims.tp]
             expect(isinstance(got, dict) and set(KINDS) <= set(got), f"{what}: return a dict with the kinds {KINDS}")
-            for kind in ("params", "optimizer"):
-                want = led.peak_by_kind[kind]
-                expect(abs(got[kind] - want) <= 0.01 * want, f"{what}, {dims}, stage {r}: {kind} {got[kind]:,.0f} "
-                       f"bytes, the ledger holds {want:,.0f}; " + ("ZeRO-1/2/3 keep 12 bytes of Adam's state per "
-                       "element of their 1/n slice" if kind == "optimizer" else "bf16: 2 bytes per element, all of "
-                                                                               "them unless ZeRO-3"))
-            total, want = sum(got[k] for k in KINDS), led.peak
-            expect(abs(total - want) <= 0.01 * want,
-                   f"{what}, {dims}, stage {r}: {total / 1e6:,.2f} MB at the peak, the ledger's peak is "
-                   f"{want / 1e6:,.2f} MB ({(total - want) / want:+.1%}); under 1F1B stage r holds min(p - r, m) "
-                   f"micro-batches when its gradients are all allocated")
-            expect(abs(got["activations"] - led.peak_breakdown["activations"]) <=
-                   0.01 * led.peak_breakdown["activations"] + 1,
-                   f"{what}, {dims}, stage {r}: activations {got['activations']:,.0f}, the ledger's at its peak "
-                   f"{led.peak_breakdown['activations']:,.0f}: count the micro-batches in flight")
-    passed(what, "every stage of 4 plans (DDP, ZeRO-1 and 2, TP with SP, 1F1B over 2 and 4 stages) within 1% of the "
-                 "emulator's ledger, kind by kind")
+            for kind in ("params", "grads", "optimizer", "activations"):
+                want, g = led.peak_by_kind[kind], got[kind]
+                number = isinstance(g, (int, float, np.integer, np.floating))
+                expect(number and _close(g, want),
+                       f"{what}, {model.n_layers} layers, {dims}, stage {r}: {kind} "
+                       f"{format(g, ',.0f') if number else repr(g)} bytes, the ledger holds {want:,.0f}"
+                       + (_memory_hint(kind, g, layers, dims, r) if number else "; return a number of bytes"))
+    passed(what, f"parameters, gradients, optimizer state and activations of every stage of {len(memory_plans())} "
+                 f"plans (DDP, ZeRO-1, 2 and 3, TP with SP, CP, experts over ep, 1F1B over 2 and 4 stages) within "
+                 f"1% of the emulator's ledger, kind by kind")
 
 
 # ----------------------------------------------------------------- Exercise 6.3
@@ -112,7 +168,15 @@ def comm_plans():
     return [(small, ParallelDims(dp=2, tp=2, pp=2, micro_batches=2), 64, 8),
             (small, ParallelDims(dp=4, pp=2, micro_batches=2, zero_stage=1), 64, 16),
             (small, ParallelDims(tp=4, pp=2, micro_batches=3), 32, 6),
-            (ModelSpec(2, 48, 3, 96, 96), ParallelDims(dp=3, tp=3), 24, 6)]
+            (ModelSpec(2, 48, 3, 96, 96), ParallelDims(dp=3, tp=3), 24, 6),
+            (ModelSpec(2, 8, 2, 20, 14), ParallelDims(dp=7, zero_stage=1), 8, 7)]  # layers of ~700: padding counts
+
+
+def _unpadded_dp(model, dims, seq, batch, rank):
+    """The data axis's bytes without ZeRO's padding to a multiple of n (a mistake to name)."""
+    n = dims.dp * dims.cp
+    return sum(2 * (n - 1) / n * sum(x["params"].values()) * 4
+               for x in inventory(model, dims, batch, seq, rank, param_bytes=4)) if n > 1 else 0
 
 
 def check_comm_bytes(fn):
@@ -133,10 +197,16 @@ def check_comm_bytes(fn):
             expect(isinstance(got, dict), f"{what}: return a dict axis -> bytes")
             for axis in ("tp", "pp", "dp"):
                 g = float(got.get(axis, 0))
+                hint = _hint(axis)
+                if axis == "dp" and dims.zero_stage and abs(g - _unpadded_dp(model, dims, seq, batch, r)) < 1:
+                    hint = (": ZeRO-1 reduce-scatters each layer's flat gradient padded to a multiple of the "
+                            f"{dims.dp * dims.cp} ranks, so that every rank's slice is the same size; you left the "
+                            f"padding out")
                 expect(abs(g - want[axis]) <= 0.001 * max(want[axis], 1),
                        f"{what}, {dims}, stage {r}: {axis} sends {want[axis]:,} bytes in the trace, you said {g:,.0f}"
-                       + _hint(axis))
-    passed(what, "bytes per axis equal the trace's, every stage of 4 plans (DDP, ZeRO-1, tp = 3, pp x tp x dp)")
+                       + hint)
+    passed(what, f"bytes per axis equal the trace's, every stage of {len(comm_plans())} plans (DDP, ZeRO-1 with its "
+                 f"padding, tp = 3, pp x tp x dp)")
 
 
 def _hint(axis):
