@@ -16,9 +16,7 @@
 import argparse
 import time
 
-from emulator.planner.published import RUNS, predict
-
-TARGET = 0.15
+from emulator.planner.published import RUNS, TARGET, predict, why_off
 
 WHY = {
     "fast": "the published step is longer than the model accounts for: the planner charges every kernel the "
@@ -30,16 +28,6 @@ WHY = {
 }
 
 
-def why(run, est, err):
-    """(the reason a row is off by more than the target, its numbers: the predicted step's
-    shares by :data:`emulator.planner.breakdown.ORDER`, and ``gap``) or ("", {})."""
-    if abs(err) <= TARGET:
-        return "", {}
-    shares = {k: v / est.step_time for k, v in est.breakdown.items() if v > 0}
-    shares["gap"] = err  # published step over predicted, less one (= predicted rate over published, less one)
-    return ("fast" if err > 0 else "slow"), shares
-
-
 def published_table():
     print(f"{'source':10s} {'model':22s} {'GPUs':>6s} {'TP':>3s} {'PP':>3s} {'CP':>3s} {'DP':>4s} "
           f"{'published':>9s} {'predicted':>9s} {'error':>7s}  {'stack':14s} planner's plan (unstated settings searched)")
@@ -48,7 +36,7 @@ def published_table():
         est, tf = predict(run)
         err = tf / run.tflops_per_gpu - 1
         errors.append(abs(err))
-        reason, shares = why(run, est, err)
+        reason, shares = why_off(est, run.tflops_per_gpu, tf)
         within += not reason
         if reason:
             reasons.setdefault(reason, []).append((run.model, shares))

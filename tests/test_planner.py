@@ -296,3 +296,27 @@ def test_all_to_all_time_is_the_engines(n, gpus_per_node, piece):
     world = World(n, topology=topo)
     world.run(lambda comm: comm.all_to_all([np.zeros(piece // 4, np.float32) for _ in range(n)]))
     assert _all_to_all(piece, tuple(range(n)), topo) == pytest.approx(max(world.stats().time), rel=1e-9)
+
+
+@pytest.mark.parametrize("dims,seq", [
+    (D(dp=4, tp=4, sequence_parallel=True, micro_batches=2, zero_stage=1), 4096),  # TE hides part of TP
+    (D(dp=4, tp=2, cp=2, sequence_parallel=True, zero_stage=1, micro_batches=2), 8192),  # the ring behind attention
+    (D(dp=1, tp=8, pp=2, sequence_parallel=True, micro_batches=8), 4096)])
+def test_the_comm_tables_exposed_seconds_are_the_breakdowns(dims, seq):
+    """The table's exposed column and the step's breakdown tell one story: per axis, the
+    exposed seconds of the layers' collectives sum to the breakdown's part, and none is more
+    than the collective's own seconds."""
+    model, cluster = model_preset("llama3-8b"), cluster_preset("h100", nodes=2)
+    e = evaluate(model, cluster, dims, seq, 16 * seq)
+    checked = 0
+    for axis in ("tp", "cp"):
+        rows = [x for x in e.comm if x["axis"] == axis]
+        if not rows:
+            continue
+        checked += 1
+        assert sum(x["exposed"] for x in rows) == pytest.approx(e.breakdown[axis], rel=1e-9)
+        assert all(x["exposed"] <= x["seconds"] * (1 + 1e-9) for x in rows), rows
+        # what the overlap hides is visible in the table: less exposed than sent, for TP under TE
+        if axis == "tp":
+            assert sum(x["exposed"] for x in rows) < sum(x["seconds"] for x in rows)
+    assert checked == 1 + (dims.cp > 1)

@@ -9,7 +9,7 @@ import pytest
 from benchmarks import planner as bench
 from emulator.planner import evaluate, model_preset
 from emulator.planner.breakdown import ORDER
-from emulator.planner.published import RUNS, predict, step_flops
+from emulator.planner.published import RUNS, predict, step_flops, why_off
 
 # Narayanan et al. 2021, Table 1: (attention heads, hidden size, layers) of each model.
 TABLE_1 = {"1.7b": (24, 2304, 24), "3.6b": (32, 3072, 30), "7.5b": (32, 4096, 36), "18b": (48, 6144, 40),
@@ -33,7 +33,7 @@ def test_every_row_missed_by_more_than_the_target_has_a_reason_and_its_split():
     for run in RUNS:
         est, tf = predict(run)
         err = tf / run.tflops_per_gpu - 1
-        reason, shares = bench.why(run, est, err)
+        reason, shares = why_off(est, run.tflops_per_gpu, tf)
         assert bool(reason) == (abs(err) > bench.TARGET), (run.model, err, reason)
         if reason:
             assert reason == ("fast" if err > 0 else "slow") and reason in bench.WHY

@@ -160,6 +160,18 @@ def comm_table(est, layers, per_layer, timer, timing, boundary, ctx, m_played):
     return tails, table
 
 
+def expose_as_breakdown(table, parts):
+    """Set the exposed seconds of the layers' model-parallel collectives (``tp``, ``cp``,
+    ``ep``) to their axis's part of the step's breakdown (:mod:`.breakdown`), split over the
+    axis's rows by their seconds: how much Transformer Engine's overlap or a ring's
+    attention blocks hide is the breakdown's account, and the table says the same."""
+    for axis in ("tp", "cp", "ep"):
+        rows = [x for x in table if x["axis"] == axis]
+        total = sum(x["seconds"] for x in rows)
+        for x in rows:
+            x["exposed"] = parts.get(axis, 0.0) * x["seconds"] / total if total else 0.0
+
+
 def _hop(timer, dims, boundary, r, action):
     """(seconds, port kinds) of the transfer that brings ``action`` its input, or (0, None)."""
     p, v = dims.pp, dims.v

@@ -14,7 +14,7 @@ from ..parallel.pipeline import schedule
 from ..accounting.pipeline import pipeline_bubble
 from ..machine.work import dtype_bytes
 from .breakdown import breakdown, lines as breakdown_lines
-from .comm import comm_table
+from .comm import comm_table, expose_as_breakdown
 from .precision_of import plan_context
 from .layers import rank_layers, split_names
 from .memory import KINDS, stage_peaks
@@ -225,6 +225,8 @@ def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=Non
     critical = max(range(p), key=lambda r: ends[r] + tails[r] + est.optimizer_time[r])
     m_played = max(played)
     est.breakdown = breakdown(est, timer, layers, played[m_played], m_played, tails, critical, ctx)
+    if est.comm.rank == critical:
+        expose_as_breakdown(est.comm, est.breakdown)
     tokens = batch * seq_len
     G = dims.world_size
     est.tokens_per_s_per_gpu = tokens / est.step_time / G

@@ -64,3 +64,53 @@ def published_plot(rows, ax=None, target=0.15):
     ax.set_title("the planner beside published runs (each source's FLOP count)", fontsize=9)
     ax.legend(fontsize=7, frameon=False, loc="upper left")
     return ax
+
+
+COLOURS = {"GEMMs": "#2e86c1", "attention": "#5dade2", "memory-bound kernels": "#48c9b0",
+           "launch and dispatch": "#f4d03f", "optimizer": "#af7ac5", "tp": "#e67e22", "cp": "#dc7633",
+           "ep": "#ba4a00", "dp": "#c0392b", "bubble": "#bfc9ca"}
+
+
+def draw_breakdown(ax, parts, step, y=0, legend=True):
+    """One stacked bar at ``y``: where the step goes (:mod:`emulator.planner.breakdown`), in
+    seconds, each part's share of ``step`` in the legend."""
+    left = 0.0
+    for name, seconds in parts.items():
+        if seconds <= 0:
+            continue
+        ax.barh([y], [seconds], left=left, color=COLOURS.get(name, "#7f8c8d"),
+                label=f"{name} {seconds / step:.0%}" if legend else None)
+        left += seconds
+    ax.set_yticks([])
+    ax.set_xlabel("seconds of the step (critical rank)")
+    if legend:
+        ax.legend(fontsize=6, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def breakdown_bars(rows, ax=None):
+    """``rows``: (label, {category: seconds}, predicted step, published step or None). One
+    bar per row, its predicted step split as :func:`draw_breakdown` splits it and scaled to
+    1, with a black tick where the published step ends (the published step over the
+    predicted one)."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7.5, 0.28 * len(rows) + 1.2))
+    seen = set()
+    for y, (label, parts, step, published) in enumerate(rows):
+        left = 0.0
+        for name, seconds in parts.items():
+            if seconds <= 0:
+                continue
+            ax.barh([y], [seconds / step], left=left, color=COLOURS.get(name, "#7f8c8d"),
+                    label=name if name not in seen else None)
+            seen.add(name)
+            left += seconds / step
+        if published is not None:
+            ax.plot([published / step] * 2, [y - 0.42, y + 0.42], color="black", lw=2,
+                    label="published step" if "published" not in seen else None)
+            seen.add("published")
+    ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.axvline(1.0, color="black", lw=0.6, ls=":")
+    ax.set_xlabel("share of the predicted step (critical rank)")
+    ax.legend(fontsize=6, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return ax

@@ -125,36 +125,19 @@ RUNS = [
 ]
 
 
-def uncharged_seconds(run, est):
-    """A generous napkin for the memory-bound kernels the emulator does not charge, per GPU
-    and step, at the device's achieved HBM rate: two fused bias-dropout-adds per layer
-    (four bf16 tensors of s x h each: two read, the output and the mask written) in the
-    forward, twice that in backward and once more when recomputed; the loss's softmax over
-    the vocabulary (fp32 logits, four passes); the optimizer (18 bytes per parameter)."""
-    m, d = est.model, est.dims
-    tokens = run.batch * run.seq_len / (d.dp * d.cp)
-    passes = 4 * 2 * (1 + 2 + (d.recompute == "full"))
-    elementwise = passes * tokens * m.d_model * 2 * m.n_layers / d.pp
-    loss = 4 * tokens * m.vocab / d.tp * 4
-    shards = d.tp * d.pp * (d.dp * d.cp if d.zero_stage >= 1 else 1)
-    optimizer = 18 * m.params() / shards
-    return (elementwise + loss + optimizer) / est.cluster.device.achieved_hbm
+TARGET = 0.15  # the published rows' target: within 15% of each row's teraFLOP/s per GPU
 
 
-def unfused_scores_seconds(run, est):
-    """The attention scores as written to HBM before FlashAttention, per GPU and step: per
-    score (bf16) about 13 bytes moved in the forward (written, read and rewritten by the
-    fused scale-mask-softmax, dropout's read, write and mask, read by the product with V),
-    twice that in backward and once more for full recomputation: 52 bytes."""
-    m, d = est.model, est.dims
-    scores = m.n_heads / d.tp * run.seq_len ** 2 * run.batch / (d.dp * d.cp) * m.n_layers / d.pp
-    return 52 * scores / est.cluster.device.achieved_hbm
-
-
-def exposed_seconds(est, axis):
-    """Seconds of ``est``'s step spent in collectives over ``axis`` ("tp", "pp" or "dp",
-    which counts the dp x cp groups) that no compute hides."""
-    return sum(row["exposed"] for row in est.comm if row["axis"].split(",")[0] == axis)
+def why_off(est, published_tflops, predicted_tflops, target=TARGET):
+    """("fast" or "slow", the predicted step's shares by category and its ``gap``: the
+    published step over the predicted one, less one) for a row off by more than
+    ``target``; ("", {}) for one within it."""
+    err = predicted_tflops / published_tflops - 1
+    if abs(err) <= target:
+        return "", {}
+    shares = {k: v / est.step_time for k, v in est.breakdown.items() if v > 0}
+    shares["gap"] = err  # published step over predicted, less one (= predicted rate over published, less one)
+    return ("fast" if err > 0 else "slow"), shares
 
 
 def settings(base, n_layers):

@@ -25,6 +25,7 @@ from ..parallel.dims import RECOMPUTE, SCHEDULES, ParallelDims
 from ..planner import cluster_preset, evaluate, model_preset, run_plan, search
 from ..machine.stack_sources import PRESETS as STACKS
 from ..planner.memory import KINDS
+from ..planner.pictures import draw_breakdown
 from .common import new_axes, show_figure, show_model
 
 RUN_LIMIT = 64  # GPUs: larger plans are run from benchmarks/, not from a widget
@@ -123,27 +124,6 @@ def plan_explorer_model(model="llama3-70b", cluster="h100", nodes=8, seq_len=409
     text = f"{head}{problems}<br><b>best plans found</b>:{table or ' none fits'}"
     return {"estimate": est, "ranked": ranked, "text": text, "figure": fig, "dims": dims, "model": spec,
             "cluster": c, "seq_len": seq_len, "batch_tokens": batch_tokens, "stack": stack}
-
-
-COLOURS = {"GEMMs": "#2e86c1", "attention": "#5dade2", "memory-bound kernels": "#48c9b0",
-           "launch and dispatch": "#f4d03f", "optimizer": "#af7ac5", "tp": "#e67e22", "cp": "#dc7633",
-           "ep": "#ba4a00", "dp": "#c0392b", "bubble": "#bfc9ca"}
-
-
-def draw_breakdown(ax, parts, step, y=0, legend=True):
-    """One stacked bar at ``y``: where the step goes (:mod:`emulator.planner.breakdown`), in
-    seconds, each part's share of ``step`` in the legend."""
-    left = 0.0
-    for name, seconds in parts.items():
-        if seconds <= 0:
-            continue
-        ax.barh([y], [seconds], left=left, color=COLOURS.get(name, "#7f8c8d"),
-                label=f"{name} {seconds / step:.0%}" if legend else None)
-        left += seconds
-    ax.set_yticks([])
-    ax.set_xlabel("seconds of the step (critical rank)")
-    if legend:
-        ax.legend(fontsize=6, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def run_chosen(state):
