@@ -520,8 +520,11 @@ print(f"{sum(abs(q / p - 1) <= 0.15 for _, p, q in rows)} of {len(rows)} within 
 # published step ended:
 
 # %%
-breakdown_bars([(f"{run.model} ({run.gpus:,})", e.breakdown, e.step_time, e.step_time * tf / run.tflops_per_gpu)
-                for run, e, tf in predictions])
+bars = []
+for run, e, tf in predictions:
+    label = f"{run.model} ({run.gpus:,}" + (f", CP {run.cp})" if run.cp > 1 else ")")
+    bars.append((label, e.breakdown, e.step_time, e.step_time * tf / run.tflops_per_gpu))  # same FLOPs: steps scale
+breakdown_bars(bars)
 plt.show()
 for run, e, tf in predictions:
     reason, shares = why_off(e, run.tflops_per_gpu, tf)

@@ -63,3 +63,17 @@ def test_the_benchmark_table_prints_every_row_its_stack_and_the_median():
     for run in RUNS:
         assert any(run.model in line and run.stack in line for line in text.splitlines()), run.model
     assert f"{within} of {len(RUNS)} rows within" in text and "median error" in text
+
+
+def test_the_breakdown_bars_scale_each_step_to_one_and_tick_the_published_step():
+    import matplotlib
+    matplotlib.use("Agg")
+    from emulator.planner.pictures import breakdown_bars
+
+    rows = [("a", {"GEMMs": 2.0, "tp": 1.0, "bubble": 1.0}, 4.0, 5.0), ("b", {"GEMMs": 3.0, "dp": 0.0}, 3.0, None)]
+    ax = breakdown_bars(rows)
+    widths = [(round(p.get_y() + p.get_height() / 2), p.get_x(), p.get_width()) for p in ax.patches]
+    assert widths == [(0, 0.0, 0.5), (0, 0.5, 0.25), (0, 0.75, 0.25), (1, 0.0, 1.0)]  # an empty part draws nothing
+    ticks = [line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == "-"]
+    assert ticks == [1.25]  # published 5 s over predicted 4 s; row b has none
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["GEMMs", "tp", "bubble", "published step"]

@@ -112,5 +112,8 @@ def breakdown_bars(rows, ax=None):
     ax.invert_yaxis()
     ax.axvline(1.0, color="black", lw=0.6, ls=":")
     ax.set_xlabel("share of the predicted step (critical rank)")
-    ax.legend(fontsize=6, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    handles, labels = ax.get_legend_handles_labels()
+    order = list(COLOURS) + ["published step"]
+    pairs = sorted(zip(handles, labels), key=lambda hl: order.index(hl[1]) if hl[1] in order else len(order))
+    ax.legend(*zip(*pairs), fontsize=6, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return ax
