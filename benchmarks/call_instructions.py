@@ -6,7 +6,8 @@ from run to run as wall time does on a shared machine.
 
 An all-reduce of 8 float32 elements on 8 ranks, called K times by every rank: the
 instructions of a run with K = 2000, less those of a run with K = 0 (the same imports and
-World), over 2000, with a fixed hash seed. Needs ``valgrind`` on the PATH (callgrind counts the instructions).
+World), over 2000, with ``PYTHONHASHSEED=0`` (the same string hashes every run). Needs
+``valgrind`` on the PATH (callgrind counts the instructions).
 """
 
 import argparse
