@@ -129,7 +129,7 @@ except RankFailedError as err:
 # (`torch/csrc/distributed/c10d/FlightRecorder.hpp` line 111 at 2.13.0's commit `cf30153c`:
 # a 2.13.0 process with neither variable set keeps its last 2,000 collectives), where the
 # dump on a timeout is on unless `TORCH_NCCL_DUMP_ON_TIMEOUT=0`. Whether it was on shows in
-# the log: since pytorch/pytorch pull request #139659 (released in 2.6), the rank that timed
+# the log: since pytorch/pytorch pull request #139659 (November 2024, after 2.5), the rank that timed
 # out prints its collective's call-time stack ("Stack trace of the failed collective:"), and
 # with the recorder off (the variable at 0, as releases before the 2,000 default left it)
 # this instead, quoted from `WorkNCCL::printTraceback` in `ProcessGroupNCCL.cpp` (seeing it
