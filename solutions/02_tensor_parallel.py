@@ -259,8 +259,9 @@ print(f"bytes sent per rank: {world.stats().bytes_sent[0]:,d}; "
 # activations, so tensor parallelism sends $8\,bsh\,\frac{t-1}{t}$ *elements* per GPU per
 # layer, in collectives that *block* the next matrix multiplication; in bytes, times the
 # bytes of one element (2 in bf16, 8 for the float64 above). A pipeline (lesson 03) sends
-# $bsh$ elements per micro-batch from one stage to the next, point to point. `emulator.accounting.tp_bytes_per_layer` and `pp_bytes_per_boundary`
-# hold the formulas; the measurement above agrees with the first.
+# $bsh$ elements per micro-batch from one stage to the next, point to point.
+# `emulator.accounting.tp_bytes_per_layer` and `pp_bytes_per_boundary` hold the formulas;
+# the measurement above agrees with the first.
 #
 # **Problem 8.3** — for `b` sequences of `s` tokens of width `h` in activations of
 # `dtype_bytes` bytes, tensor parallelism over `t` GPUs: how many bytes does each GPU send

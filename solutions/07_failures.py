@@ -123,14 +123,26 @@ except RankFailedError as err:
 # (`WorkNCCL::handleException`: "To avoid data inconsistency, we are taking the entire
 # process down"). On the way it dumps the **flight recorder** (a ring buffer of the last
 # collectives each rank issued, with their stacks) only if the recorder is on: it keeps
-# `TORCH_NCCL_TRACE_BUFFER_SIZE` entries, and at 0 it records nothing (asked to dump, torch
-# then says "You can enable it by setting TORCH_NCCL_TRACE_BUFFER_SIZE to a non-zero
-# value"). The default depends on the release: 0 in torch 2.4, whose default run dumps
-# nothing; 2,000 in torch 2.13, the version this course pins
-# (`torch/csrc/distributed/c10d/FlightRecorder.hpp`, read as `TORCH_FR_BUFFER_SIZE` or
-# `TORCH_NCCL_TRACE_BUFFER_SIZE`), where the dump on a timeout is on unless
-# `TORCH_NCCL_DUMP_ON_TIMEOUT=0`. `TORCH_NCCL_ASYNC_ERROR_HANDLING` decides that last
-# part: `ProcessGroupNCCL` defaults to 3 and torchrun sets 1 for its workers
+# `TORCH_NCCL_TRACE_BUFFER_SIZE` entries (also read as `TORCH_FR_BUFFER_SIZE`), and at 0 it
+# records nothing. The default depends on the release: 0 in torch 2.4, whose default run
+# dumps nothing; 2,000 in torch 2.13, the version this course pins
+# (`torch/csrc/distributed/c10d/FlightRecorder.hpp` line 111 at 2.13.0's commit `cf30153c`:
+# a 2.13.0 process with neither variable set keeps its last 2,000 collectives), where the
+# dump on a timeout is on unless `TORCH_NCCL_DUMP_ON_TIMEOUT=0`. Whether it was on shows in
+# the log: since pytorch/pytorch pull request #139659 (November 2024, after 2.5), the rank that timed
+# out prints its collective's call-time stack ("Stack trace of the failed collective:"), and
+# with the recorder off (the variable at 0, as releases before the 2,000 default left it)
+# this instead, quoted from `WorkNCCL::printTraceback` in `ProcessGroupNCCL.cpp` (seeing it
+# live needs NCCL on GPUs):
+#
+# ```
+# Stack trace of the failed collective not found, potentially because FlightRecorder is
+#   disabled. You can enable it by setting TORCH_NCCL_TRACE_BUFFER_SIZE to a non-zero value.
+# ```
+#
+# torch 2.4 predates that line: its default run logs the timeout and nothing of the recorder.
+# `TORCH_NCCL_ASYNC_ERROR_HANDLING` decides whether the process is torn down:
+# `ProcessGroupNCCL` defaults to 3 and torchrun sets 1 for its workers
 # (`local_elastic_agent.py`); both tear the process down. The message names the rank that
 # waited and the operation, not the rank that died: finding that one takes the desync
 # report (`TORCH_NCCL_DESYNC_DEBUG`: "ranks [3] are the lagging ranks that caused this
@@ -466,7 +478,8 @@ print(f"lost: {(crash.at - saved_at) * 1e3:.2f} ms of training since the checkpo
 #
 # **Exercise 7.3** — the interval (seconds) that maximises goodput for a save of
 # `save_cost` seconds and a job MTBF of `mtbf` seconds. The check calls it with other costs
-# and rates and runs Monte Carlo simulations at Llama 3's.
+# and rates and runs Monte Carlo simulations at Llama 3's, with the 15-minute restart the
+# cell after it uses (a 10-minute watchdog and 5 minutes to relaunch and load).
 
 # %%
 def optimal_interval(save_cost, mtbf):

@@ -189,6 +189,20 @@ def test_vocab_parallel_check_accepts_megatrons_fused_all_reduce(capsys):
     assert "PASSED Exercise 2.5" in capsys.readouterr().out
 
 
+def test_problem_8_3_passes_with_its_ratio_like_with_like(capsys):
+    """The graded pair stays (TP's both passes, a boundary's forward); the PASSED line says
+    which is which and compares both ways: 3.5x per layer at t = 8, not the unlike 7x."""
+    def four_all_reduces(b=4, s=8192, h=8192, t=8, dtype_bytes=2):  # right, another way: 4 rings of 2(t-1) steps
+        chunk = b * s * h * dtype_bytes / t
+        return 4 * 2 * (t - 1) * chunk, b * s * h * dtype_bytes
+    g.problem_8_3(four_all_reduces)
+    out = capsys.readouterr().out
+    assert "PASSED Problem 8.3" in out and "both ways, 3.5x per layer" in out and "(7.0x)" not in out
+    with pytest.raises(CheckFailed, match="PP bytes"):  # the boundary both ways is not what 8.3 asks
+        g.problem_8_3(lambda b=4, s=8192, h=8192, t=8, dtype_bytes=2: (
+            8 * b * s * h * dtype_bytes * (t - 1) / t, 2 * b * s * h * dtype_bytes))
+
+
 def test_napkins_with_numbers_of_their_own():
     with pytest.raises(CheckFailed, match="b=1"):
         g.problem_8_3(lambda b=4, s=8192, h=8192, t=8, dtype_bytes=2: (3.758e9, 5.369e8))

@@ -1,6 +1,8 @@
 """Lesson 07's checks reject plausible wrong answers and accept other correct ones."""
 
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,12 +41,17 @@ def finishes_last(timeline):
     return int(np.argmax([max(e.end for e in timeline.of(r, "compute", "compute")) for r in range(timeline.size)]))
 
 
+def highest_mean_place(timeline):  # right, differently: each step's finishing order, averaged
+    ends = np.array([[e.end for e in timeline.of(r, "compute", "compute")] for r in range(timeline.size)])
+    return int(np.argmax(np.argsort(np.argsort(ends, 0), 0).mean(1)))
+
+
 def last_in_the_last_step(timeline):  # wrong: one step decides
     return int(np.argmax([timeline.of(r, "compute", "compute")[-1].end for r in range(timeline.size)]))
 
 
 def test_find_straggler_check(capsys):
-    for right in (last_per_step, median_step_time):
+    for right in (last_per_step, median_step_time, highest_mean_place):
         g.check_find_straggler(right)
         assert "PASSED Exercise 7.1" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match="hiccup"):
@@ -52,8 +59,10 @@ def test_find_straggler_check(capsys):
     with pytest.raises(CheckFailed, match=r"ends last in 1 of 12 steps \(step 3\), one very slow step that also "
                                           r"gives it the most compute in total"):
         g.check_find_straggler(most_compute)
-    with pytest.raises(CheckFailed, match=r"rank 0\. Rank 0 ends last in 1 of 20 steps \(step 19\)"):
-        g.check_find_straggler(last_in_the_last_step)  # told what is true of step 19, not of totals it never took
+    with pytest.raises(CheckFailed, match=r"rank 0\. Rank 0 ends last only in the final step \(step 19\)") as err:
+        g.check_find_straggler(last_in_the_last_step)
+    assert "The last step alone" in str(err.value)  # its mistake, named
+    assert "in total" not in str(err.value)  # not totals it never took
     with pytest.raises(CheckFailed, match="never ends last"):
         g.check_find_straggler(lambda tl: (last_per_step(tl) + 1) % tl.size)
     with pytest.raises(CheckFailed, match="not rank"):
@@ -195,6 +204,15 @@ def test_interval_check_accepts_young_daly_and_a_search(right, capsys):
     g.check_optimal_interval(right)
     out = capsys.readouterr().out
     assert "PASSED Exercise 7.3" in out and "a 15-minute restart (section 7's)" in out  # the lesson's restart, said
+
+
+def test_interval_check_simulates_the_restart_the_lesson_uses():
+    """The check's Monte Carlo and the lesson's goodput cell assume one restart (15 minutes)."""
+    source = (Path(__file__).resolve().parent.parent / "solutions" / "07_failures.py").read_text(encoding="utf-8")
+    cell = re.search(r"^save, restart = 60\.0, (\d+) \* 60\.0$", source, re.M)
+    assert cell, "lesson 07's goodput cell no longer sets save, restart"
+    assert int(cell.group(1)) * 60.0 == g.RESTART == 15 * 60.0
+    assert "with the 15-minute restart the\n# cell after it uses" in source  # Exercise 7.3's text says which
 
 
 @pytest.mark.parametrize("wrong, match", [

@@ -276,8 +276,8 @@ def problem_8_3(fn):
     tp, pp = _variants("Problem 8.3", fn, cases, lambda b, s, h, t, dtype_bytes: (
         activations.tp_bytes_per_layer(b, s, h, t, dtype_bytes), activations.pp_bytes_per_boundary(b, s, h, dtype_bytes)),
         " B", ("TP bytes", "PP bytes"))
-    passed("Problem 8.3", f"TP moves {tp / 1e9:.3g} GB per layer, PP {pp / 1e9:.3g} GB per boundary "
-           f"({tp / pp:.1f}x), right for 3 configurations")
+    passed("Problem 8.3", f"TP moves {tp / 1e9:.3g} GB per layer (forward and backward), PP {pp / 1e9:.3g} GB per "
+           f"boundary (forward only); both ways, {tp / (2 * pp):.1f}x per layer; right for 3 configurations")
 
 
 def problem_8_4(fn):

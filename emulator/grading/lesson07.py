@@ -84,6 +84,11 @@ def _straggler_hint(tl, got, slow, steps):
     ends = np.array([[e.end for e in tl.of(r, "compute", "compute")] for r in range(tl.size)])
     last = np.argmax(ends, axis=0)  # per step: whose compute ends last
     mine = [int(k) for k in np.flatnonzero(last == got)]
+    if mine == [steps - 1]:  # the final step alone decided (an answer reading totals failed an earlier case)
+        return (f" Rank {got} ends last only in the final step (step {steps - 1}), where one very slow step (a "
+                f"hiccup) put it behind; rank {slow} ends last in {int(np.sum(last == slow))} of {steps}. The last "
+                f"step alone shows who hiccupped there, not who is slow: count, step by step, whose compute ends "
+                f"last.")
     if mine:
         which = ", ".join(str(k) for k in mine[:3]) + ("..." if len(mine) > 3 else "")
         total = max(range(tl.size), key=lambda r: tl.total("compute", r)) == got
