@@ -16,7 +16,7 @@ from .records.memory import KINDS as MEMORY_KINDS
 from .records.memory import MemoryLedger
 from .mesh import Mesh
 from .algorithms.reduce_ops import REDUCE_OPS, ReduceOp
-from .engine.p2p import P2POp
+from .algorithms.p2p_op import P2POp
 from .engine.rendezvous import Handle
 from .records.table import Table, human_bytes
 from .records.timeline import Event, Timeline

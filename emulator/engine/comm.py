@@ -17,7 +17,7 @@ from .clock import collective_stream
 from ..errors import CollectiveMismatchError, ConfigError, GroupError, PeerError, ShapeError
 from .p2p import PointToPoint
 from .rendezvous import Handle, Rendezvous
-from .shape_only import is_shape_only
+from ..arrays.shape_only import is_shape_only
 
 
 def _array(x):

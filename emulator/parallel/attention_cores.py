@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from ..engine.shape_only import contiguous, is_shape_only
+from ..arrays.shape_only import contiguous, is_shape_only
 from ..errors import ConfigError
 from ..machine.work import AllToAll, Attention, Gemm, Memory, RingAttention, Work, dtype_bytes, np_dtype
 from ..nn.attention import repeat_kv, sum_kv

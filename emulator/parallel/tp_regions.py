@@ -20,7 +20,7 @@ reduce-scatter of the input gradient with the weight-gradient GEMM).
 
 import numpy as np
 
-from ..engine.shape_only import contiguous
+from ..arrays.shape_only import contiguous
 from ..machine import elementwise
 from ..machine.work import Collective, Gemm, dtype_bytes
 
