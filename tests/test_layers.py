@@ -5,7 +5,8 @@ imported inside a function, where an upward edge or a circle would hide.
 The graph is read from the source with ``ast``: every ``import`` and ``from ... import``
 of every file under ``emulator/``, at module level and inside functions, relative imports
 resolved. ``from package import name`` is an edge to ``package.name`` when that is a
-module, else to ``package`` (its ``__init__``).
+module, else to ``package`` (its ``__init__``). Importing ``a.b.c`` also runs ``a`` and
+``a.b`` first; those implied edges to enclosing packages are not counted.
 """
 
 import ast

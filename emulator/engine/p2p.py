@@ -218,7 +218,7 @@ class PointToPoint:
         every operation and returns True; what was received is then in the receive
         buffers given."""
         ops = list(ops)
-        if not ops or not all(isinstance(op, P2POp) for op in ops):
+        if not ops or not all(isinstance(op, P2POp) and isinstance(op.comm, PointToPoint) for op in ops):
             raise ConfigError(f"rank {self.global_rank}: batch_isend_irecv takes a non-empty list of P2POp, "
                               f"got {ops!r}")
         for op in ops:
