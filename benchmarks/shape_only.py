@@ -22,7 +22,7 @@ import numpy as np
 from ml_dtypes import bfloat16
 
 from emulator import World, nn
-from emulator.engine.shape_only import ShapeArray
+from emulator.arrays.shape_only import ShapeArray
 from emulator.parallel import ParallelDims, run_on_mesh, shape_only_batches
 
 LLAMA3_405B = dict(vocab=128256, d_model=16384, n_heads=128, d_ff=53248, n_layers=126, max_seq=8192,

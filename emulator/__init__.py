@@ -4,6 +4,8 @@
 NumPy data, every message recorded, every byte held counted, and simulated time.
 """
 
+import importlib
+
 from ._version import __version__
 from .algorithms import global_view as collectives
 from .records.calls import Call
@@ -16,7 +18,7 @@ from .records.memory import KINDS as MEMORY_KINDS
 from .records.memory import MemoryLedger
 from .mesh import Mesh
 from .algorithms.reduce_ops import REDUCE_OPS, ReduceOp
-from .engine.p2p import P2POp
+from .algorithms.p2p_op import P2POp
 from .engine.rendezvous import Handle
 from .records.table import Table, human_bytes
 from .records.timeline import Event, Timeline
@@ -36,8 +38,6 @@ __all__ = [
 
 def __getattr__(name):
     # Heavier parts load on first use: `from emulator import nn`, `emulator.viz`, ...
-    import importlib
-
     if name in ("nn", "viz", "accounting", "widgets", "parallel", "training", "cost", "planner", "grading"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'emulator' has no attribute {name!r}")

@@ -46,6 +46,8 @@ import numpy as np
 
 from .errors import ConfigError
 from .machine.links import port_count, ports_of
+from .machine.topology import PUBLISHED_ALL_REDUCE_BUSBW, Topology
+from .records.table import Table
 
 BUS_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -186,9 +188,6 @@ def busbw(op, nbytes, n, seconds):
 def calibration_table(topology=None, nbytes=2**30):
     """The model's all_reduce bus bandwidth beside the published nccl-tests figures
     (:data:`emulator.machine.topology.PUBLISHED_ALL_REDUCE_BUSBW`), one row each."""
-    from .records.table import Table
-    from .machine.topology import PUBLISHED_ALL_REDUCE_BUSBW, Topology
-
     topology = topology or Topology.h100()
     rows = []
     for nodes, (lo, hi), what, source in PUBLISHED_ALL_REDUCE_BUSBW:

@@ -4,12 +4,12 @@ import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 
+from .grading import progress
+
 
 def setup():
     """Print options and figure sizes shared by every lesson (small PNGs, fixed fonts);
     checks of exercises not yet attempted say so and let the lesson go on."""
-    from .grading import progress
-
     progress.in_lesson()
     np.set_printoptions(precision=4, suppress=True, linewidth=100)
     matplotlib.rcParams.update({

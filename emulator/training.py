@@ -36,9 +36,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import nn
-from .errors import ConfigError
+from .nn.clip import clip_coefficient, global_norm
 from .nn.module import sub
 from .nn.precision import upcast  # noqa: F401 -- part of this module's interface
+from .parallel.batches import local_batch, split_batch  # noqa: F401 -- part of this module's interface
+from .parallel.pipeline import PipelineStage, program, run_actions, schedule
 
 
 @dataclass
@@ -51,25 +53,6 @@ class TrainResult:
     shards: dict
 
 
-def split_batch(x, y, parts, what="parts"):
-    """``parts`` equal, contiguous slices of the batch ``(x, y)`` along dim 0, as a list of
-    ``(x_i, y_i)``: a batch over data-parallel ranks, or a rank's batch into micro-batches."""
-    n = len(x)
-    if isinstance(parts, bool) or not isinstance(parts, (int, np.integer)) or parts < 1 or n % parts:
-        raise ConfigError(f"a batch of {n} sequences does not split into {parts} equal {what}; use a batch that is "
-                          f"a multiple of {parts}")
-    b = n // parts
-    return [(x[i * b:(i + 1) * b], y[i * b:(i + 1) * b]) for i in range(parts)]
-
-
-def local_batch(comm, x, y):
-    """This rank's equal slice of a global batch (data parallelism)."""
-    if len(x) % comm.size:
-        raise ConfigError(f"a global batch of {len(x)} examples does not split over {comm.size} ranks; data "
-                          f"parallelism needs a multiple of {comm.size} (and at least {comm.size})")
-    return split_batch(x, y, comm.size)[comm.rank]
-
-
 def _layer_label(action, layer, what):
     return f"{what} {layer}"  # "F blocks.0", "B blocks.0", "F' blocks.0" (recomputed)
 
@@ -77,8 +60,6 @@ def _layer_label(action, layer, what):
 def train(comm, model, strategy, batches, micro_batches=1, recompute=False):
     """Train with ``strategy`` (see :mod:`emulator.parallel`) on ``batches`` (global (x, y)
     pairs), on this rank. Returns a :class:`TrainResult`."""
-    from .parallel.pipeline import PipelineStage, program, run_actions, schedule
-
     solo = comm.new_group([comm.global_rank])  # a pipeline of one stage: no messages
     stage = PipelineStage(solo, model, hooks=strategy, recompute="full" if recompute else "none",
                           label=_layer_label, release="layer")
@@ -92,19 +73,6 @@ def train(comm, model, strategy, batches, micro_batches=1, recompute=False):
         stage.losses, stage.done = {}, []
         losses.append(float(np.mean([step_losses[i] for i in sorted(step_losses)])))
     return TrainResult(losses, strategy.params(), strategy.shards())
-
-
-def global_norm(grads):
-    """sqrt of the sum of squares of every gradient (one vector of all of them)."""
-    return float(np.sqrt(sum(float(np.sum(np.square(np.asarray(g, dtype=np.float64)))) for g in grads.values())))
-
-
-def clip_coefficient(norm, max_norm):
-    """The factor ``torch.nn.utils.clip_grad_norm_`` multiplies the gradients by:
-    max_norm / (norm + 1e-6), at most 1."""
-    if not max_norm > 0:
-        raise ConfigError(f"clip_grad_norm must be a positive norm, got {max_norm!r}")
-    return min(1.0, max_norm / (norm + 1e-6))
 
 
 def train_single(model, params, batches, opt, clip_grad_norm=None, micro_batches=1):

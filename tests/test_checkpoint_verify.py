@@ -149,7 +149,7 @@ def test_allow_changes_needs_resume_from(saved):
 def test_a_precision_policy_is_recorded_and_compared(saved):
     from dataclasses import dataclass
 
-    from emulator.engine.shape_only import shape_only_params
+    from emulator.arrays.shape_only import shape_only_params
     from emulator.parallel.checkpoint.fit import check_fit, run_record
 
     @dataclass(frozen=True)

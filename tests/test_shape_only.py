@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from emulator import Topology, nn
-from emulator.engine.shape_only import ShapeArray, ShapeOnlyError, shape_only_params
+from emulator.arrays.shape_only import ShapeArray, ShapeOnlyError, shape_only_params
 from emulator.parallel import ParallelDims, run_on_mesh, shape_only_batches
 from emulator.training import synthetic_batches
 

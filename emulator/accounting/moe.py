@@ -7,6 +7,8 @@ With ``tokens`` tokens on a GPU, each routed to ``top_k`` experts spread evenly 
 GPU sends ``2 tokens top_k d_model (ep-1)/ep`` values (and the backward as many again).
 """
 
+import math
+
 from ..errors import ConfigError
 
 # Published shapes (config files and reports), and a parallelism for each: DeepSeek-V3's own,
@@ -49,8 +51,6 @@ def expected_drops(tokens, top_k, n_experts, capacity_factor, hot_share):
     """Assignments dropped when one expert receives ``hot_share`` of all ``tokens * top_k``
     assignments and the others share the rest evenly, with capacity
     ``ceil(capacity_factor * tokens * top_k / n_experts)`` per expert."""
-    import math
-
     total = tokens * top_k
     cap = math.ceil(capacity_factor * total / n_experts - 1e-9)
     rest = (1 - hot_share) * total / (n_experts - 1)

@@ -11,7 +11,7 @@ them progress at once. ``gpu_labs/00_collectives.py`` runs the same calls on
 
 import numpy as np
 
-from ..engine.p2p import P2POp
+from .p2p_op import P2POp
 
 
 def exchange(comm, chunk, right, left):

@@ -14,6 +14,7 @@ import numpy as np
 
 from . import ring
 from . import tree
+from ..arrays.shape_only import ShapeArray
 from ..errors import ConfigError, ShapeError
 from .reduce_ops import REDUCE_OPS
 
@@ -218,11 +219,9 @@ def run_plan(plan):
 
 
 def shape_only_run(kind, shapes_dtype, n, op="sum", algorithm="ring", channels=1, rings_for=None):
-    """A collective on shape-only buffers (:mod:`emulator.engine.shape_only`): the shapes of
+    """A collective on shape-only buffers (:mod:`emulator.arrays.shape_only`): the shapes of
     its results and the messages of its steps, computed as :func:`plan_all_reduce` and the
     others compute them, without data. Rings only: a tree's messages follow its data."""
-    from ..engine.shape_only import ShapeArray
-
     shape, dtype = shapes_dtype
     if algorithm != "ring":
         raise ConfigError(f"a shape-only run charges ring collectives; {kind} with algorithm={algorithm!r} needs data")

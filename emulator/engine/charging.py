@@ -20,6 +20,7 @@ Passes nest: a block's pass covers its attention's and its MLP's, which charge i
 """
 
 from ..errors import EmulatorError
+from ..machine.comm_overlap import sm_slowdown
 from ..machine.work import AllToAll, Collective, RingAttention, is_kernel
 
 
@@ -60,8 +61,6 @@ class Charges:
     def slowdown_of(self, kernels, sms):
         """How much slower ``kernels`` run for the SMs a TE overlap takes from them: a GEMM
         before a pipelined reduce-scatter, or any GEMM while a bulk overlap runs."""
-        from ..machine.comm_overlap import sm_slowdown
-
         overlap = self.pipelined.get(id(kernels[0]))
         if overlap is not None:
             return sm_slowdown(sms, overlap[2])

@@ -17,7 +17,11 @@ from .clock import collective_stream
 from ..errors import CollectiveMismatchError, ConfigError, GroupError, PeerError, ShapeError
 from .p2p import PointToPoint
 from .rendezvous import Handle, Rendezvous
-from .shape_only import is_shape_only
+from ..arrays.shape_only import is_shape_only
+from ..machine.precision import native
+from ..machine.stack import Context
+from ..machine.work import dtype_name
+from ..machine.comm_overlap import ring_exchange
 
 
 def _array(x):
@@ -153,10 +157,6 @@ class Comm(PointToPoint):
 
     def work_context(self, array_dtype):
         """The :class:`~emulator.machine.stack.Context` of a module whose arrays are ``array_dtype``."""
-        from ..machine.precision import native
-        from ..machine.stack import Context
-        from ..machine.work import dtype_name
-
         policy = self._world.precision or native(array_dtype)
         return Context(self._world.stack, policy, dtype_name(array_dtype))
 
@@ -193,8 +193,6 @@ class Comm(PointToPoint):
     def _ring_exchange(self, ring, gemm, name, dispatch):
         """A GEMM cut into tp chunks, each started once its rows have arrived (TE's ring
         exchange; :func:`emulator.machine.comm_overlap.ring_exchange`)."""
-        from ..machine.comm_overlap import ring_exchange
-
         handle, n = ring
         start, end, _ = handle.span()
         clock, me = self._world.clock, self.global_rank

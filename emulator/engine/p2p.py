@@ -59,10 +59,11 @@ import numpy as np
 from ..records.calls import Call
 from .clock import collective_stream, p2p_stream
 from ..errors import CollectiveMismatchError, ConfigError, PeerError
+from ..algorithms.p2p_op import P2POp
 from ..algorithms.steps import Messages
 from .p2p_work import Group, Side
 from .rendezvous import Handle
-from .shape_only import is_shape_only
+from ..arrays.shape_only import is_shape_only
 
 DEADLOCK_HINT = (
     "hint: on NCCL, as here, a send completes only once the receiver posts the matching recv, so ranks "
@@ -77,20 +78,6 @@ BATCH_HINT = (
     "posts only in a later batch wait forever. Pair the batches: each one's sends and receives should meet the "
     "neighbour's batch of the same step (as Megatron's send_forward_recv_backward and "
     "send_forward_backward_recv_forward_backward do), or put what must progress together in one batch.")
-
-
-class P2POp:
-    """One entry of :meth:`batch_isend_irecv`: ``P2POp(comm.isend, x, peer)`` or
-    ``P2POp(comm.irecv, buffer, peer)`` (torch's names and order of arguments)."""
-
-    def __init__(self, op, tensor, peer):
-        comm, name = getattr(op, "__self__", None), getattr(op, "__name__", None)
-        if name not in ("isend", "irecv") or not isinstance(comm, PointToPoint):
-            raise ConfigError(f"P2POp takes comm.isend or comm.irecv as its op, got {op!r}")
-        self.op, self.tensor, self.peer, self.comm = op, tensor, peer, comm
-
-    def __repr__(self):
-        return f"P2POp({self.op.__name__}, shape={np.shape(self.tensor)}, peer={self.peer})"
 
 
 class PointToPoint:
@@ -231,7 +218,7 @@ class PointToPoint:
         every operation and returns True; what was received is then in the receive
         buffers given."""
         ops = list(ops)
-        if not ops or not all(isinstance(op, P2POp) for op in ops):
+        if not ops or not all(isinstance(op, P2POp) and isinstance(op.comm, PointToPoint) for op in ops):
             raise ConfigError(f"rank {self.global_rank}: batch_isend_irecv takes a non-empty list of P2POp, "
                               f"got {ops!r}")
         for op in ops:

@@ -1,5 +1,7 @@
 """What ranks wait on: a collective's rendezvous, and the handle an async call returns."""
 
+from ..machine.comm_overlap import contention
+
 
 class Rendezvous:
     """One collective call of a group, filled in as members arrive. The last member to
@@ -57,8 +59,6 @@ class Handle:
             self._waited = True
             start = getattr(work, "start", None) if isinstance(work, Rendezvous) else None  # (collectives only)
             if self.contended and start is not None and work.end > start:  # compute ran beside it: slower
-                from ..machine.comm_overlap import contention
-
                 lost = contention(w.clock.busy_between(r, start, work.end))
                 if lost > 0:
                     w.clock.advance(r, lost, f"compute slowed beside {work.op} on {work.label}")

@@ -26,10 +26,11 @@ default) nothing of this runs: no thread, and no work at all per collective.
 import ctypes
 import math
 import threading
+import traceback
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, WallTimeoutError
 
 REPEAT = 0.5  # seconds between requests, until the run has taken the interrupt
 
@@ -98,8 +99,6 @@ class WallGuard:
 
 def _where(exc):
     """Where the interrupt found the rank: the innermost frame of its traceback."""
-    import traceback
-
     frames = traceback.extract_tb(exc.__traceback__) if exc is not None else []
     if not frames:
         return ""
@@ -119,8 +118,6 @@ def stopped_error(world, seconds, running, exc):
     """The :class:`~emulator.errors.WallTimeoutError` for a run stopped after ``seconds``
     of wall-clock time; ``running``: the rank that had the thread (None: the scheduler),
     ``exc``: the interrupt as it was raised there. Call it before the ranks are unwound."""
-    from ..errors import WallTimeoutError
-
     ranks = [r for r in world.live if not world.finished(r) or r == running]
     what = {}
     for r in ranks:

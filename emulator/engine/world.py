@@ -34,6 +34,8 @@ from ..records.table import Table
 from ..records.timeline import Event, Timeline
 from ..machine.topology import Topology
 from ..records.trace import stats_from
+from ..machine.precision import precision_preset
+from ..machine.stack import stack_preset
 
 
 def _greenlet():
@@ -89,9 +91,6 @@ class World:
 
     def __init__(self, n=None, mesh=None, topology=None, algorithm="ring", fold=(), faults=(),
                  watchdog_timeout=DEFAULT_WATCHDOG_TIMEOUT, stack=None, precision=None, wall_timeout=None):
-        from ..machine.precision import precision_preset
-        from ..machine.stack import stack_preset
-
         self.wall_timeout = check_wall_timeout(wall_timeout)
         n, self.mesh, self.topology = _mesh_and_topology(n, mesh, topology)
         self.stack = stack_preset(stack)

@@ -10,7 +10,7 @@ library's own solution refuses to run.
 
 import numpy as np
 
-from .. import World
+from ..engine.world import World
 from ..algorithms import global_view as C
 from .. import cost
 from ..algorithms import p2p_ring

@@ -10,7 +10,9 @@ only with parameters that are held). While it runs, the library's own strategies
 
 import numpy as np
 
-from .. import Topology, World, nn
+from .. import nn
+from ..machine.topology import Topology
+from ..engine.world import World
 from ..accounting import memory as accounting_memory
 from ..parallel import DDP, ZeRO1, ZeRO2, ZeRO3, assemble
 from ..parallel import data_parallel as library_data_parallel

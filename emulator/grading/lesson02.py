@@ -7,7 +7,9 @@ collectives, how many, how many bytes. While it runs, the library's own versions
 
 import numpy as np
 
-from .. import Topology, World, nn
+from .. import nn
+from ..machine.topology import Topology
+from ..engine.world import World
 from ..accounting import activations
 from ..cost import collective_time
 from ..parallel import sequence_parallel as SP

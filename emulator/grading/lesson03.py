@@ -13,7 +13,9 @@ import math
 
 import numpy as np
 
-from .. import Topology, World, nn
+from .. import nn
+from ..machine.topology import Topology
+from ..engine.world import World
 from ..accounting import pipeline as formulas
 from ..errors import RankError
 from ..parallel import pipeline as pp

@@ -17,7 +17,9 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .. import Topology, World, nn
+from .. import nn
+from ..machine.topology import Topology
+from ..engine.world import World
 from ..accounting import activations
 from ..errors import RankError
 from ..parallel import context_parallel as cp

@@ -10,7 +10,8 @@ counts). While a check runs, the library's own versions refuse.
 
 import numpy as np
 
-from .. import World, nn
+from .. import nn
+from ..engine.world import World
 from ..accounting import moe as formulas
 from ..nn import moe as M
 from ..parallel import expert_parallel as EP

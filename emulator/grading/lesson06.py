@@ -12,6 +12,7 @@ library's own answer (the mesh's arithmetic, the planner) refuses.
 from dataclasses import replace
 
 import numpy as np
+from ml_dtypes import bfloat16
 
 from .. import nn
 from ..machine.device import Device
@@ -75,8 +76,6 @@ def memory_plans():
 
 
 def _run(model, dims, seq, batch, topology, mixed=True):
-    from ml_dtypes import bfloat16
-
     gpt = model.to_gpt(seq, dtype=bfloat16 if mixed else np.float32)
     return run_on_mesh(gpt, None, shape_only_batches(1, batch, seq), dims, nn.AdamW(mixed_precision=mixed),
                        topology=topology, shape_only=True, fold=())

@@ -17,7 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import RankError, Straggler, World, nn
+from .. import nn
+from ..errors import RankError
+from ..engine.faults import Straggler
+from ..engine.world import World
 from ..accounting import failures as F
 from ..engine import faults
 from ..parallel import ParallelDims, reshard, run_on_mesh

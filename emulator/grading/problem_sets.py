@@ -14,6 +14,10 @@ import numpy as np
 from ..accounting import activations, micro_batches_for_bubble, moe, zero_bytes_per_gpu
 from ..cost import busbw, collective_time, crossover_bytes
 from ..machine.topology import Link, Topology
+from .lesson03 import memory_vs_bubble
+from .lesson04 import memory_128k, overlap_length
+from .lesson06 import dp_compute_bound_tokens, llama_cp_switch, state_per_gpu
+from .lesson07 import _goodput_daly, _goodput_first_order, _watchdog_model
 
 TOLERANCE = 0.02
 
@@ -133,8 +137,6 @@ def napkin_7_1(rng):
 
 def napkin_7_2(rng):
     """Numbers for which the first-order goodput is within 1% of Daly's (both are accepted)."""
-    from .lesson07 import _goodput_daly, _goodput_first_order
-
     while True:
         p = {"gpus": _pick(rng, [2048, 4096, 8192, 16384, 32768]), "gpu_mtbf_hours": _pick(rng, [30000, 50000, 80000]),
              "interval_minutes": _pick(rng, [10, 15, 20, 30, 60]), "save_seconds": _pick(rng, [10, 30, 60, 120]),
@@ -245,8 +247,6 @@ def model_answer(problem, p):
         m = micro_batches_for_bubble(p["p"], p["target"], of="ideal")
         return [m, m * p["seqs_per_micro"], micro_batches_for_bubble(p["p"], p["target"], of="total")]
     if problem == "Napkin 3.1":
-        from .lesson03 import memory_vs_bubble
-
         one = {k: v for k, v in p.items() if k != "budget_2"}
         return list(memory_vs_bubble(**one)) + list(memory_vs_bubble(**dict(one, budget=p["budget_2"])))
     if problem == "Problem 8.3":
@@ -260,36 +260,22 @@ def model_answer(problem, p):
         return collective_time("all_reduce", 2 * p["b"] * p["s"] * p["h"], p["t"],
                                Topology(gpus_per_node=p["gpus_per_node"]))
     if problem == "Napkin 4.1":
-        from .lesson04 import memory_128k
-
         return list(memory_128k(**p))
     if problem == "Napkin 4.2":
-        from .lesson04 import overlap_length
-
         return overlap_length(**p)
     if problem == "Napkin 5.1":
         return moe.all_to_all_bytes_per_layer(**p)
     if problem == "Napkin 5.2":
         return moe.expected_drops(**p)
     if problem == "Napkin 6.1":
-        from .lesson06 import state_per_gpu
-
         return list(state_per_gpu(**p))
     if problem == "Napkin 6.2":
-        from .lesson06 import dp_compute_bound_tokens
-
         return dp_compute_bound_tokens(**p)
     if problem == "Napkin 6.3":
-        from .lesson06 import llama_cp_switch
-
         return list(llama_cp_switch(**p))
     if problem == "Napkin 7.1":
-        from .lesson07 import _watchdog_model
-
         return _watchdog_model(**p)[0]
     if problem == "Napkin 7.2":
-        from .lesson07 import _goodput_first_order
-
         return _goodput_first_order(**p)
     parts = {z: zero_bytes_per_gpu(p["n_params"], p["dp_size"], z) for z in range(4)}
     answer = {str(z): [b.params / 1e9, b.grads / 1e9, b.optimizer / 1e9] for z, b in parts.items()}
@@ -329,8 +315,6 @@ def grade_answer(problem, p, answer):
         exact = isinstance(want[bad[0]], int)
         return False, f"answer {bad[0] + 1} is {'not the exact count' if exact else f'off by more than {TOLERANCE:.0%}'}"
     if problem == "Napkin 7.2":  # first order, or Daly's exact expectation
-        from .lesson07 import _goodput_daly
-
         ok = _close(answer, want) or _close(answer, _goodput_daly(**p))
         return ok, "" if ok else f"{answer} is off by more than {TOLERANCE:.0%} (to first order: {want:.4f})"
     if problem == "Napkin 5.2":  # a count that may be 0: one assignment of slack

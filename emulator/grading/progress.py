@@ -9,7 +9,7 @@ A check ends in one of three ways, and says so in one line that begins with its 
   ``NotImplementedError("Exercise 3.1: ...")``; the check says so and returns, so that
   Run All goes on to the demos below;
 * ``CheckFailed: Exercise 3.1: ...``: raised at the check, the message first and
-  nothing of the grading code in between (see :class:`.common.CheckFailed`).
+  nothing of the grading code in between (see :class:`.check_failed.CheckFailed`).
 
 Returning on an exercise not attempted is what a lesson wants, not a script or a test:
 :func:`in_lesson` turns it on (``emulator.notebook.setup()`` calls it); elsewhere the
@@ -29,7 +29,7 @@ import re
 import types
 from functools import wraps
 
-from .common import CheckFailed
+from .check_failed import CheckFailed
 
 LABEL = re.compile(r"(?:Exercise|Napkin|Problem) \d+\.\d+")
 PASSED, FAILED, NOT_ATTEMPTED, NOT_CHECKED = "passed", "failed", "not attempted", "not checked"

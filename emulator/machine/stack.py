@@ -25,13 +25,16 @@ behind compute, and what each kernel costs the host.
 
 Every setting of a preset carries a :class:`~emulator.machine.stack_sources.Source` (the
 framework's file and line at a commit, or a published measurement): ``stack.sources``.
-The presets are in :mod:`emulator.machine.stack_sources`; :func:`stack_preset` returns one.
+The presets are :data:`PRESETS`, their sources in :mod:`emulator.machine.stack_sources`;
+:func:`stack_preset` returns one.
 """
 
 from dataclasses import dataclass, field, replace
 
 from ..errors import ConfigError
-from .precision import Precision
+from .precision import PRESETS as POLICIES
+from .precision import Precision, precision_preset
+from .stack_sources import MEGATRON_2021, MEGATRON_CORE, PYTORCH_COMPILE, PYTORCH_EAGER
 
 FUSIONS = {
     "norm": "a norm's forward (and its backward) as one kernel, its output cast to the compute dtype",
@@ -119,10 +122,32 @@ class Stack:
         return "\n".join(lines)
 
 
+# The presets, each setting's source in :mod:`emulator.machine.stack_sources`.
+PRESETS = {
+    "megatron-core": Stack(
+        "megatron-core", "Megatron-Core with Transformer Engine (the Megatron-LM README's H100 runs)",
+        POLICIES["megatron-bf16"], "flash",
+        frozenset({"norm", "bias_act", "bias_dropout_add", "rope", "grad_accumulation", "adam"}), "backward",
+        Bucket("params", 40_000_000, 1_000_000, first_stage_only=True), True, False, True, 16, True,
+        1.1e-6, 7e-6, MEGATRON_CORE),
+    "megatron-2021": Stack(
+        "megatron-2021", "Megatron-LM as Narayanan et al. 2021 and Korthikanti et al. 2022 ran it",
+        POLICIES["megatron-fp16"], "unfused",
+        frozenset({"norm", "bias_act", "bias_dropout_add", "softmax", "adam"}), "after_flush",
+        Bucket("params", float("inf")), False, False, False, 0, False, 1.1e-6, 7e-6, MEGATRON_2021),
+    "pytorch-eager": Stack(
+        "pytorch-eager", "PyTorch eager with torch.distributed (DDP, FSDP2, DTensor TP), as torchtitan writes a model",
+        POLICIES["fsdp2-bf16"], "flash", frozenset({"norm", "adam"}), "backward",
+        Bucket("bytes", 25 * 2**20, first=2**20), False, True, False, 0, False, 1.1e-6, 7e-6, PYTORCH_EAGER),
+    "pytorch-compile": Stack(
+        "pytorch-compile", "PyTorch with torch.compile (Inductor's fused elementwise kernels)",
+        POLICIES["fsdp2-bf16"], "flash", frozenset({"norm", "adam", "elementwise"}), "backward",
+        Bucket("bytes", 25 * 2**20, first=2**20), False, True, False, 0, False, 1.1e-6, 6.8e-6, PYTORCH_COMPILE),
+}
+
+
 def stack_preset(name=None):
     """The :class:`Stack` called ``name`` (None: ``"megatron-core"``), or the Stack itself."""
-    from .stack_sources import PRESETS
-
     if name is None:
         name = "megatron-core"
     if isinstance(name, Stack):
@@ -173,7 +198,5 @@ class Context:
 def context(stack=None, precision=None, array="bf16"):
     """A :class:`Context`: ``stack`` (a name or Stack; None: ``"megatron-core"``), its policy
     unless ``precision`` (a name or Precision) is given, the arrays' dtype name."""
-    from .precision import precision_preset
-
     s = stack_preset(stack)
     return Context(s, s.precision if precision is None else precision_preset(precision), array)

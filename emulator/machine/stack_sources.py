@@ -1,6 +1,6 @@
-"""The software stack presets (:func:`emulator.machine.stack.stack_preset`), each setting with
-the source it is read from: a framework's file and line at a commit, or a published
-measurement. ``tests/test_stack.py`` checks that every numeric setting equals the number in
+"""Where each setting of the software stack presets (built in :mod:`emulator.machine.stack`,
+:func:`~emulator.machine.stack.stack_preset`) is read from: a framework's file and line at a
+commit, or a published measurement. ``tests/test_stack.py`` checks that every numeric setting equals the number in
 its quote.
 
 * ``"megatron-core"``: Megatron-Core with Transformer Engine, as the Megatron-LM README's
@@ -20,9 +20,6 @@ its quote.
 """
 
 from dataclasses import dataclass
-
-from .precision import PRESETS as POLICIES
-from .stack import Bucket, Stack
 
 MLM = ("NVIDIA/Megatron-LM", "d98e8a64ddf34856e74b24714e3bedb2f5a39553")
 TE = ("NVIDIA/TransformerEngine", "d0067d0da6cb01811b8072a7d304f0e00344ce2b")
@@ -166,30 +163,3 @@ PYTORCH_COMPILE.update({
     "dispatch": Source("meta-pytorch/tritonbench PR #1017", "", "per-kernel launch overhead of Inductor", "",
                        "Inductor CachingAutotuner.run 6.8 us", 6.8, 1e-6),
 })
-
-
-def _values(src):
-    return {k: v for k, v in src.items()}
-
-
-PRESETS = {
-    "megatron-core": Stack(
-        "megatron-core", "Megatron-Core with Transformer Engine (the Megatron-LM README's H100 runs)",
-        POLICIES["megatron-bf16"], "flash",
-        frozenset({"norm", "bias_act", "bias_dropout_add", "rope", "grad_accumulation", "adam"}), "backward",
-        Bucket("params", 40_000_000, 1_000_000, first_stage_only=True), True, False, True, 16, True,
-        1.1e-6, 7e-6, MEGATRON_CORE),
-    "megatron-2021": Stack(
-        "megatron-2021", "Megatron-LM as Narayanan et al. 2021 and Korthikanti et al. 2022 ran it",
-        POLICIES["megatron-fp16"], "unfused",
-        frozenset({"norm", "bias_act", "bias_dropout_add", "softmax", "adam"}), "after_flush",
-        Bucket("params", float("inf")), False, False, False, 0, False, 1.1e-6, 7e-6, MEGATRON_2021),
-    "pytorch-eager": Stack(
-        "pytorch-eager", "PyTorch eager with torch.distributed (DDP, FSDP2, DTensor TP), as torchtitan writes a model",
-        POLICIES["fsdp2-bf16"], "flash", frozenset({"norm", "adam"}), "backward",
-        Bucket("bytes", 25 * 2**20, first=2**20), False, True, False, 0, False, 1.1e-6, 7e-6, PYTORCH_EAGER),
-    "pytorch-compile": Stack(
-        "pytorch-compile", "PyTorch with torch.compile (Inductor's fused elementwise kernels)",
-        POLICIES["fsdp2-bf16"], "flash", frozenset({"norm", "adam", "elementwise"}), "backward",
-        Bucket("bytes", 25 * 2**20, first=2**20), False, True, False, 0, False, 1.1e-6, 6.8e-6, PYTORCH_COMPILE),
-}

@@ -30,6 +30,9 @@ device's times (``python -m emulator.planner --dims ... --work``).
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import numpy as np
+from ml_dtypes import bfloat16
+
 from ..errors import ConfigError
 
 DTYPE_BYTES = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int64": 8, "int32": 4, "bool": 1}
@@ -45,8 +48,6 @@ def dtype_bytes(dtype):
 
 def dtype_name(np_dtype):
     """The name of a NumPy dtype (``ml_dtypes.bfloat16`` -> ``"bf16"``)."""
-    import numpy as np
-
     dt = np.dtype(np_dtype)
     if dt.name == "bfloat16":
         return "bf16"
@@ -56,9 +57,6 @@ def dtype_name(np_dtype):
 
 def np_dtype(name):
     """The NumPy dtype of a dtype name (``"bf16"``: ``ml_dtypes.bfloat16``)."""
-    import numpy as np
-    from ml_dtypes import bfloat16
-
     return np.dtype(bfloat16) if name == "bf16" else np.dtype({"fp64": np.float64, "fp32": np.float32,
                                                                "fp16": np.float16, "int64": np.int64,
                                                                "int32": np.int32, "bool": np.bool_}[name])

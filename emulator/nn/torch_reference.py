@@ -2,6 +2,8 @@
 as :mod:`emulator.nn`. Tests check gradients against these with torch.autograd; GPU labs
 and benchmarks run them. Needs torch (imported here, not by ``emulator.nn``)."""
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -58,8 +60,6 @@ def moe(p, x, top_k, capacity_factor=None, kind="gelu", with_aux=False):
     """:class:`emulator.nn.MoE` (routing, capacity, experts, combine) in torch, x (T, d);
     ``with_aux``: also Switch's load-balancing loss E sum_e f_e P_e (f_e counted from the
     routing, which has no gradient; P_e the mean router probability)."""
-    import math
-
     probs = torch.softmax(x @ p["router.w"], -1)
     idx = torch.argsort(-probs.detach(), dim=1, stable=True)[:, :top_k]
     sel = probs.gather(1, idx)

@@ -16,44 +16,18 @@ Data parallelism, the ZeRO ladder side by side (each readable alone):
 Tensor parallelism: :mod:`emulator.parallel.tensor_parallel` (Megatron's column- and
 row-parallel linear layers, the f/g operators).
 
-``data_parallel(zero_stage, comm, model, params, opt, **options)`` picks one by its stage;
+``data_parallel(zero_stage, comm, model, params, opt, **options)`` (``zero_ladder.py``) picks one by its stage;
 ``assemble`` puts full parameters back together from every rank's shards.
 """
 
-import numpy as np
-
-from ..errors import ConfigError
-from .flat_layout import layouts
 from .ddp import DDP
+from .dims import ParallelDims
+from .placement import Placement, shard, unshard
+from .runtime import MeshRun, run_on_mesh, shape_only_batches
 from .zero1 import ZeRO1
 from .zero2 import ZeRO2
 from .zero3 import ZeRO3
-
-STRATEGIES = {0: DDP, 1: ZeRO1, 2: ZeRO2, 3: ZeRO3}
-NAMES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
-
-
-def data_parallel(zero_stage, comm, model, params, opt, **options):
-    """The strategy for ``zero_stage`` 0 (DDP), 1, 2 or 3, on the data-parallel group ``comm``."""
-    if zero_stage not in STRATEGIES:
-        raise ConfigError(f"zero_stage must be 0 (DDP), 1, 2 or 3, got {zero_stage!r}")
-    return STRATEGIES[zero_stage](comm, model, params, opt, **options)
-
-
-def assemble(model, params0, shards_by_rank):
-    """Full parameters from every rank's shards ({layer: flat slice} per rank), in the
-    global view (no messages): to check a sharded run against a single device."""
-    n = len(shards_by_rank)
-    out = {}
-    for name, layout in layouts(model, params0, n).items():
-        flat = np.concatenate([s[name] for s in shards_by_rank])
-        out.update({f"{name}.{k}": v for k, v in layout.unflatten(flat).items()})
-    return out
-
-
-from .dims import ParallelDims  # noqa: E402 -- after STRATEGIES, which the runtime uses
-from .placement import Placement, shard, unshard  # noqa: E402
-from .runtime import MeshRun, run_on_mesh, shape_only_batches  # noqa: E402
+from .zero_ladder import NAMES, STRATEGIES, assemble, data_parallel
 
 __all__ = ["DDP", "ZeRO1", "ZeRO2", "ZeRO3", "STRATEGIES", "NAMES", "data_parallel", "assemble", "ParallelDims",
            "Placement", "shard", "unshard", "run_on_mesh", "MeshRun", "shape_only_batches"]

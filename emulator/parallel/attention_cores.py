@@ -21,14 +21,14 @@ import math
 
 import numpy as np
 
-from ..engine.shape_only import contiguous, is_shape_only
+from ..arrays.shape_only import contiguous, is_shape_only
 from ..errors import ConfigError
 from ..machine.work import AllToAll, Attention, Gemm, Memory, RingAttention, Work, dtype_bytes, np_dtype
 from ..nn.attention import repeat_kv, sum_kv
 from ..nn.attention_core import softmax
 from ..nn.dropout import apply as drop, dropout_mask
 from .context_parallel import layout as cp_layout
-from .context_parallel.ring import ring_attention, ring_attention_backward
+from .context_parallel.ring import blocks, ring_attention, ring_attention_backward
 
 
 def causal_fraction(s_q_positions, s_k_positions):
@@ -228,8 +228,6 @@ def _unfused(s, ctx, b, h, n, dh):
 
 
 def _ring_steps(s, ctx, rank, forward):
-    from .context_parallel.ring import blocks
-
     c, b, h, dh, n = s.cp, s.b, s.h, s.head_dim, s.n
     dt = ctx.dtype("compute")
     kv = 2 * b * s.kv * n * dh * dtype_bytes(ctx.dtype("cp"))  # K and V travel with their own heads

@@ -3,6 +3,7 @@ layouts, the optimizer, and what it holds in the rank's ledger."""
 
 import numpy as np
 
+from ..machine import elementwise
 from ..nn.module import sub
 from .flat_layout import layouts
 
@@ -83,8 +84,6 @@ class DataParallelStrategy:
 
     def optimizer_work(self):
         """The declared kernels of this rank's update (:func:`emulator.machine.elementwise.optimizer_update`)."""
-        from ..machine import elementwise
-
         ctx = self.comm.work_context(self.param_dtype)
         return elementwise.optimizer_update(ctx.stack, self.updated_elements(), ctx.precision, ctx.array)
 

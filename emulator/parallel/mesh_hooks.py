@@ -12,11 +12,12 @@ reduces, measures the global norm (every parameter counted once), and applies.
 
 import numpy as np
 
-from . import STRATEGIES
 from .buckets import bucket_limit
 from .ddp import DDP
+from .distributed_optimizer import DistributedOptimizer
 from .zero3 import ZeRO3
 from .tp_regions import all_reduce_together
+from .zero_ladder import STRATEGIES
 
 
 def uses_distributed_optimizer(stack, zero_stage):
@@ -29,8 +30,6 @@ def strategy_for(stack, zero_stage, comm, model, params, opt, pp_rank=0, label="
     buckets (Megatron's rule, torch DDP's 25 MB, or one bucket after the flush), ZeRO-1 as
     Megatron's distributed optimizer where it overlaps both collectives, ZeRO-3 with FSDP's
     prefetch where the stack has it."""
-    from .distributed_optimizer import DistributedOptimizer
-
     b = stack.bucket
     if zero_stage == 0:  # (DDP counts the weights' bytes)
         limit, first = bucket_limit(stack, comm.size, pp_rank, next(iter(params.values())).itemsize)

@@ -3,7 +3,7 @@ argument and says what to pass instead (a ``ConfigError``)."""
 
 import numpy as np
 
-from ..engine.shape_only import is_shape_only
+from ..arrays.shape_only import is_shape_only
 from ..errors import ConfigError
 from .dims import AXES, ParallelDims
 

@@ -33,7 +33,7 @@ valid mesh, and refuses another model, optimizer or precision than the save's un
 are the World's (:mod:`emulator.engine.faults`).
 
 ``shape_only=True`` runs the same programs on arrays without values
-(:mod:`emulator.engine.shape_only`): ``params`` may be None, ``batches`` may be
+(:mod:`emulator.arrays.shape_only`): ``params`` may be None, ``batches`` may be
 :func:`shape_only_batches`; the trace, the ledgers and the timeline are what the data run
 would give (a router routes evenly), and ``run.params`` is None.
 """
@@ -42,12 +42,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engine.shape_only import ShapeArray, is_shape_only, shape_only_params
+from ..arrays.shape_only import ShapeArray, is_shape_only, shape_only_params
 from ..engine.faults import DEFAULT_WATCHDOG_TIMEOUT
 from ..engine.world import World
 from ..errors import ConfigError, RankFailedError
+from ..machine.precision import precision_preset
+from ..machine.stack import stack_preset
 from ..machine.topology import Topology
-from ..training import clip_coefficient, split_batch
+from ..nn.clip import clip_coefficient
+from .batches import split_batch
 from .checkpoint import Checkpoint, Restart, Saver, TrainState
 from .checkpoint.fit import run_record
 from .context_parallel.layout import split_sequence
@@ -57,6 +60,8 @@ from .pipeline import PipelineStage, run_actions, schedule, split_layers
 from .pipeline.exchange import program as exchange_program
 from .pipeline.actions import stage_of
 from .placement import shard, unshard
+from ..records.breakdown import measured
+from ..records.table import Table
 from .run_inputs import check_batches, check_dims, check_fold, check_optimizer
 
 
@@ -88,9 +93,7 @@ class MeshRun:
 
     def breakdown(self, rank=None):
         """Where ``rank``'s step went (default: the rank that finished last), by the
-        categories of :func:`emulator.planner.breakdown.measured`."""
-        from ..planner.breakdown import measured
-
+        categories of :func:`emulator.records.breakdown.measured`."""
         final = self.world.clock.final()
         rank = max(self.ranks(), key=lambda r: final[r]) if rank is None else rank
         return measured(self.world, rank)
@@ -98,8 +101,6 @@ class MeshRun:
     def summary(self, ranks=None):
         """Per rank that ran: its coordinates and layers, when it finished, its peak
         memory by kind, and the bytes it sent per group and link."""
-        from ..records.table import Table
-
         stats, final, rows = self.world.stats(), self.world.clock.final(), []
         for r in ranks if ranks is not None else self.ranks():
             led = self.world.memory[r]
@@ -263,9 +264,6 @@ def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_gra
 def run_precision(model, stack=None, precision=None):
     """(the Stack, the policy) of a run of ``model``: ``precision`` if given, else the
     stack's policy for a bf16 model, else None (every number as the arrays hold it)."""
-    from ..machine.precision import precision_preset
-    from ..machine.stack import stack_preset
-
     stack = stack_preset(stack)
     if precision is not None:
         return stack, precision_preset(precision)

@@ -19,7 +19,7 @@ probability sums) gives every rank what it needs, so each rank drops its own ass
 import numpy as np
 
 from ..errors import ConfigError
-from ..engine.shape_only import is_shape_only
+from ..arrays.shape_only import is_shape_only
 from .context_parallel.layout import chunks_of
 
 

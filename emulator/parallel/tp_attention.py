@@ -23,6 +23,7 @@ from .layer_shape import LayerShape
 from .placement import Placement
 from .tp_regions import (ColumnThenRow, ready, region_gather, region_gather_again, region_gather_back, region_reduce,
                          region_reduce_back, wgrad)
+from .attention_cores import UlyssesCore, core_work
 
 
 class ParallelAttention(ColumnThenRow):
@@ -57,8 +58,6 @@ class ParallelAttention(ColumnThenRow):
 
     def work(self, x_shape, dtype=None):
         """This attention's :class:`~emulator.machine.work.Work` for an input of ``x_shape``."""
-        from .attention_cores import UlyssesCore, core_work
-
         t, b, s_loc = self.r.comm.size, x_shape[0], x_shape[1]
         cp = getattr(self.core, "cp", None)
         shape = LayerShape(b, s_loc * t if self.r.sp else s_loc, self.d, self.heads * t, self.kv_heads * t, 1,

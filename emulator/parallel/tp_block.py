@@ -32,17 +32,21 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..accounting.activations import TERMS
+from ..engine.comm import Comm
+from ..engine.world import World
 from ..errors import ConfigError
 from ..machine import elementwise
 from ..machine.work import Collective, Work, dtype_bytes, np_dtype
 from ..nn.dropout import apply as drop, dropout_mask
 from ..nn.layernorm import layer_norm, layer_norm_backward
-from ..nn.module import sub
-from .attention_cores import DenseCore, UlyssesCore
+from ..nn.module import cache_bytes, sub
+from .attention_cores import DenseCore, UlyssesCore, core_work
+from .expert_parallel import moe_work
 from .layer_shape import LayerShape
 from .placement import Placement, shard
-from .tp_attention import ParallelAttention
-from .tp_mlp import ParallelMLP
+from .tp_attention import ParallelAttention, attention_work
+from .tp_mlp import ParallelMLP, mlp_work
 from .tp_regions import PIPELINE_SPLITS, TERegions, TPRegions, all_reduce_together
 
 RECOMPUTE = ("none", "selective", "full")
@@ -104,9 +108,6 @@ class TensorParallelBlock:
         """Rank ``rank``'s parameters of a block over ``size`` tensor-parallel ranks, cut as
         :meth:`shard` cuts them, without running a world (for code outside the emulator, such
         as a torch lab that loads the same shards)."""
-        from ..engine.comm import Comm
-        from ..engine.world import World
-
         if not 0 <= rank < size:
             raise ConfigError(f"rank {rank} is not one of the {size} tensor-parallel ranks")
         comm = Comm(World(size), rank, tuple(range(size)), "tp")
@@ -275,9 +276,6 @@ class TensorParallelBlock:
 
 def cached_terms(cache):
     """Bytes kept, by the accounting's term (a term may hold several tensors)."""
-    from ..accounting.activations import TERMS
-    from ..nn.module import cache_bytes
-
     out = {}
     for path, nbytes in cache_bytes(cache).items():
         parts = path.split(".")
@@ -298,11 +296,6 @@ def block_work(s, ctx, cp_rank=0):
     ``s``: the two norms, attention (its core as the stack and ``s`` say), the MLP or the
     experts, the two bias-dropout-adds, and in backward the residual stream's gradient sums;
     ``recompute`` (full recomputation) is the forward again."""
-    from .attention_cores import core_work
-    from .expert_parallel import moe_work
-    from .tp_attention import attention_work
-    from .tp_mlp import mlp_work
-
     st, a, c, p = ctx.stack, ctx.dtype("activations"), ctx.dtype("tp"), ctx.dtype("params")
     r, d = s.rows_sp, s.d
     attn = attention_work(s, ctx, core_work(s, ctx, cp_rank))

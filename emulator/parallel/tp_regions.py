@@ -20,8 +20,9 @@ reduce-scatter of the input gradient with the weight-gradient GEMM).
 
 import numpy as np
 
-from ..engine.shape_only import contiguous
+from ..arrays.shape_only import contiguous
 from ..machine import elementwise
+from ..machine.comm_overlap import pipelined
 from ..machine.work import Collective, Gemm, dtype_bytes
 
 SEQ = 1  # the sequence is dim 1 of (batch, sequence, hidden)
@@ -170,8 +171,6 @@ class TERegions(TPRegions):
     def reduce(self, y, async_op=False):
         """Pipelined behind the GEMM just charged: its chunks' reduce-scatters start after its
         first chunk, and the last one ends a chunk's share after the GEMM."""
-        from ..machine.comm_overlap import pipelined
-
         charges = self._charges()
         start, end, gemm = charges.last_kernel
         charges.ready_at = start + gemm / self.splits

@@ -31,6 +31,11 @@ from ..machine.stack import stack_preset
 from . import cluster_preset, evaluate, model_preset, run_plan, search
 from .hf_config import model_from_hf_config
 from .models import PRESETS, ModelSpec
+from ..machine.work import table
+from ..parallel.layer_shape import of_plan
+from ..parallel.tp_block import declared_block
+from .precision_of import plan_context
+from .timing import Timer
 
 SUFFIX = {"K": 2**10, "M": 2**20, "G": 2**30}
 DAY = 86400.0  # seconds: a step longer than this is no training run
@@ -253,12 +258,6 @@ def _one(model, cluster, dims, args):
 
 def _work(model, cluster, dims, args):
     """One block's declared work on a rank of ``dims``, each item with its time on the cluster."""
-    from ..machine.work import table
-    from ..parallel.layer_shape import of_plan
-    from ..parallel.tp_block import declared_block
-    from .precision_of import plan_context
-    from .timing import Timer
-
     est = evaluate(model, cluster, dims, args.seq, args.batch_tokens, stack=args.stack)
     if est.step_time is None:
         raise ConfigError("the plan cannot run: " + "; ".join(est.problems))

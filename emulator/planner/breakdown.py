@@ -3,13 +3,10 @@ memory-bound kernels, the host's launch and dispatch, the optimizer, each axis's
 collectives that nothing hides (``dp``: the data-parallel work left after the pipeline, the
 compute slowed beside it included), and the pipeline's bubble (what is left: waiting for a
 neighbour, its transfers included). :func:`measured` splits an emulator run's timeline the
-same way."""
+same way (it lives with the records it reads, :mod:`emulator.records.breakdown`)."""
 
+from ..records.breakdown import KERNELS, ORDER, measured  # noqa: F401 -- part of this module's interface
 from .memory import byte_sizes
-
-ORDER = ("GEMMs", "attention", "memory-bound kernels", "launch and dispatch", "optimizer", "tp", "cp", "ep", "dp",
-         "bubble")
-KERNELS = {"gemm": "GEMMs", "attention": "attention", "memory": "memory-bound kernels"}
 
 
 def breakdown(est, timer, layers, timing, m_played, tails, r, ctx):
@@ -51,30 +48,3 @@ def breakdown(est, timer, layers, timing, m_played, tails, r, ctx):
 def lines(parts, total):
     """The breakdown as 'category  seconds  share' lines."""
     return [f"    {k:<22s} {v * 1e3:10.3f} ms  {v / total:6.1%}" for k, v in parts.items() if v > 0]
-
-
-def measured(world, rank):
-    """{category: seconds} of ``rank``'s timeline in an emulator run: its compute by the
-    kind of the declared kernels charged under each name, its waits by what it waited for."""
-    out = dict.fromkeys(ORDER, 0.0)
-    groups = {"tp": "tp", "cp": "cp", "ep": "ep", "dp,cp": "dp", "edp": "dp", "dp": "dp"}
-    end = world.clock.final()[rank]
-    for e in world.timeline().events:
-        if e.rank != rank or e.stream != "compute" or e.end > end + 1e-15:
-            continue
-        t = e.end - e.start
-        if e.kind == "compute":
-            if e.name.startswith("optimizer"):
-                out["optimizer"] += t
-            elif e.name.startswith("compute slowed"):
-                out["dp"] += t
-            else:
-                out[KERNELS.get(world.kinds.get(e.name), "GEMMs")] += t
-        elif e.kind == "idle":
-            if e.name == "wait the host":
-                out["launch and dispatch"] += t
-            elif e.group in groups:
-                out[groups[e.group]] += t
-            elif e.name not in ("finished", "failed"):
-                out["bubble"] += t
-    return out

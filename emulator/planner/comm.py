@@ -13,6 +13,7 @@ from ..records.table import Table
 from .memory import byte_sizes
 from ..parallel.mesh_hooks import uses_distributed_optimizer
 from .overlap import gather_in_forward, replay
+from .timing import action_durations
 
 AXIS_OF = {"dense": "dp,cp", "experts": "edp"}
 
@@ -81,8 +82,6 @@ def dp_tail(est, layers, per_layer, timer, timing, r, ctx, boundary):
     if z == 0:
         if all(len(groups[a]) == 1 for a in ("dp,cp", "edp")):
             return 0.0
-        from .timing import action_durations
-
         actions = [a for a, _, _ in timing[r]]
         host = action_durations(actions, per_layer[r], dims, host=True)
         return replay(timer, r, actions, timing, layers, dims, ctx,
@@ -91,8 +90,6 @@ def dp_tail(est, layers, per_layer, timer, timing, r, ctx, boundary):
     if z == 1 and uses_distributed_optimizer(ctx.stack, z):
         if all(len(groups[a]) == 1 for a in ("dp,cp", "edp")):
             return 0.0
-        from .timing import action_durations
-
         actions = [a for a, _, _ in timing[r]]
         host = action_durations(actions, per_layer[r], dims, host=True)
         rs = replay(timer, r, actions, timing, layers, dims, ctx, lambda rank, a: _hop(timer, dims, boundary, rank, a),

@@ -5,7 +5,7 @@ The figures are what the emulator would measure running the plan (:mod:`.memory`
 :mod:`.timing`); :func:`emulator.planner.run_plan` runs it to show both side by side.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
 from ..errors import ConfigError
@@ -16,11 +16,13 @@ from ..machine.work import dtype_bytes
 from .breakdown import breakdown, lines as breakdown_lines
 from .comm import comm_table, expose_as_breakdown
 from .precision_of import plan_context
-from .layers import rank_layers, split_names
+from .layers import ops_flops, rank_layers, split_names
 from .memory import KINDS, stage_peaks
 from .timing import Timer, action_durations, layer_times, simulate
 from .models import ModelSpec
 from .cluster import Cluster
+from ..parallel.pipeline.actions import stage_of
+from ..machine import elementwise
 
 
 @dataclass
@@ -83,8 +85,6 @@ class Estimate:
 
     def as_dict(self):
         """Plain numbers and strings (for ``--json``)."""
-        from dataclasses import asdict
-
         out = {"dims": asdict(self.dims), "world_size": self.dims.world_size, "valid": self.valid,
                "problems": list(self.problems), "micro_batch": self.micro_batch}
         if self.step_time is not None:
@@ -249,16 +249,12 @@ def _schedule(name, p, m, v):
 
 
 def _stage(p, r, c):
-    from ..parallel.pipeline.actions import stage_of
-
     return stage_of(p, r, c)
 
 
 def _optimizer_seconds(timer, layers, r, dims, ctx):
     """Seconds of rank r's optimizer update (one kernel over what it updates, as the
     data-parallel strategies charge it: :meth:`emulator.parallel.base.DataParallelStrategy.charge_update`)."""
-    from ..machine import elementwise
-
     groups = {"dense": dims.dp * dims.cp, "experts": dims.dp * dims.cp // dims.ep}
     n = 0
     for c in range(dims.v):
@@ -272,8 +268,6 @@ def _optimizer_seconds(timer, layers, r, dims, ctx):
 
 def _executed_flops(layers, dims):
     """FLOPs every rank's kernels compute in one step (recomputation included)."""
-    from .layers import ops_flops
-
     per_stage_ranks = dims.dp * dims.cp * dims.tp
     total = 0.0
     for c in range(dims.v):

@@ -30,6 +30,10 @@ from ..parallel.attention_cores import causal_share
 from ..parallel.layer_shape import of_plan
 from ..parallel.mesh_model import embedding_work, head_work, loss_work
 from ..parallel.tp_block import declared_block
+from ..parallel.dims import ParallelDims
+from ..parallel.pipeline.stage import split_layers
+from ..parallel.pipeline.actions import stage_of
+from .precision_of import plan_context
 
 INT = 8  # int64 token ids and indices
 
@@ -137,8 +141,6 @@ def rank_layers(model, dims, b, seq_len, ctx, names):
 
 @lru_cache(maxsize=1024)
 def _kinds(model, tp, cp, ep, sp, recompute, cp_attention, cp_layout, b, seq_len, ctx):
-    from ..parallel.dims import ParallelDims
-
     dims = ParallelDims(tp=tp, cp=cp, dp=ep, ep=ep, sequence_parallel=sp, recompute=recompute,
                         cp_attention=cp_attention, cp_layout=cp_layout)
     s = of_plan(model, dims, b, seq_len)
@@ -156,8 +158,6 @@ def _computed_bytes(ctx):
 @lru_cache(maxsize=1024)
 def split_names(n_layers, stages):
     """The layer names of each virtual stage, as :func:`emulator.parallel.pipeline.split_layers` cuts them."""
-    from ..parallel.pipeline.stage import split_layers
-
     class _Names:
         layers = [("embed", None)] + [(f"blocks.{i}", None) for i in range(n_layers)] + [("head", None)]
 
@@ -182,9 +182,6 @@ def inventory(model, dims, batch, seq_len, rank, param_bytes=None, precision=Non
     """Pipeline rank ``rank``'s layers (every chunk) as plain numbers, for a global batch of
     ``batch`` sequences: ``[{"name", "params": {"dense"/"experts": elements}, "kept": bytes
     one micro-batch's forward keeps}]``."""
-    from ..parallel.pipeline.actions import stage_of
-    from .precision_of import plan_context
-
     ctx = plan_context(stack, precision, param_bytes)
     model = model.with_seq(seq_len)
     b = batch // (dims.dp * dims.micro_batches)

@@ -26,6 +26,8 @@ import numpy as np
 
 from ..parallel.pipeline import schedule
 from ..parallel.pipeline.actions import stage_of
+from ..machine.work import dtype_bytes
+from ..parallel.buckets import bucket_layers, bucket_limit
 
 KINDS = ("params", "grads", "optimizer", "activations", "buffers")
 
@@ -38,8 +40,6 @@ def byte_sizes(ctx):
     """Bytes per parameter element, by what holds or sends it, under ``ctx``'s precision
     policy: the weights, the gradients, the optimizer (master copy and two moments), ZeRO's
     all-gather of the weights, the data-parallel reduction."""
-    from ..machine.work import dtype_bytes
-
     per = ctx.precision.bytes_per_param(default=ctx.array)
     return {"params": per["params"], "grads": per["grads"], "optimizer": per["optimizer"],
             "gather": dtype_bytes(ctx.dtype("param_gather")), "reduce": dtype_bytes(ctx.dtype("grad_reduce"))}
@@ -73,9 +73,6 @@ class Units:
 def _ddp_buckets(units, dims, ctx, pp_rank):
     """DDP's gradients come bucket by bucket (:mod:`emulator.parallel.buckets`): each
     bucket's bytes held from the first backward of its first layer (backward order)."""
-    from ..machine.work import dtype_bytes
-    from ..parallel.buckets import bucket_layers, bucket_limit
-
     order = [(c, i) for c in reversed(range(len(units))) for i in reversed(range(len(units[c].per_layer)))]
     grads = [units[c].per_layer[i][0] for c, i in order]
     param_bytes = dtype_bytes(ctx.dtype("params"))

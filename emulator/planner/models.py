@@ -18,6 +18,9 @@ it is an approximation of the real model by this shape.
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
+from .. import nn
 from ..errors import ConfigError
 
 
@@ -128,10 +131,6 @@ class ModelSpec:
 
     def to_gpt(self, seq_len, dtype=None, **gpt_options):
         """An ``nn.GPT`` of this shape (learned positions only: the emulator has no RoPE)."""
-        import numpy as np
-
-        from .. import nn
-
         if self.positions != "learned":
             raise ConfigError(f"ModelSpec {self.name or ''}: the emulator's GPT has a learned position table; "
                               f"use spec.replace(positions='learned') to run it (its table then counts)")

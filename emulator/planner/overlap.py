@@ -12,7 +12,9 @@ when the rank is done.
 
 from bisect import insort
 
-from ..machine.work import is_comm
+from ..machine.work import dtype_bytes, is_comm
+from .memory import byte_sizes
+from ..parallel.buckets import bucket_layers, bucket_limit
 
 
 def port_kinds(ranks, gpus_per_node):
@@ -65,8 +67,6 @@ def replay(timer, r, actions, timing, layers, dims, ctx, hop, host_seconds=None,
     for i, a in enumerate(actions):
         if a.kind == done_kind:
             last[a.chunk] = i
-    from .memory import byte_sizes
-
     sizes = byte_sizes(ctx)
     groups, g = timer.groups(r), timer.g
     kinds = {name: port_kinds(ranks, g) for name, ranks in groups.items()}
@@ -141,9 +141,6 @@ def _buckets(layers, r, dims, ctx, op="all_reduce"):
     """The buckets of rank r's layers (:mod:`emulator.parallel.buckets`; DDP's by the
     weights' bytes, the distributed optimizer's by parameters): {(chunk, layer): bucket},
     and how many layers each bucket waits for."""
-    from ..machine.work import dtype_bytes
-    from ..parallel.buckets import bucket_layers, bucket_limit
-
     v = len(layers)
     order = [(c, j) for c in reversed(range(v)) for j in reversed(range(len(layers[c][r])))]
     per = dtype_bytes(ctx.dtype("params")) if op == "all_reduce" else 1

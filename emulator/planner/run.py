@@ -17,6 +17,11 @@ import numpy as np
 from ..errors import ConfigError
 from ..records.table import Table
 from .evaluate import evaluate
+from .. import nn
+from ..machine.work import np_dtype
+from ..parallel.runtime import run_on_mesh, shape_only_batches
+from ..training import synthetic_batches
+from .precision_of import plan_context
 
 SENT_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
                "all_gather": lambda n: (n - 1) / n}
@@ -120,12 +125,6 @@ def run_plan(model, cluster, dims, seq_len, global_batch_tokens, shape_only=True
     axes to fold in a shape-only run (``("dp", "tp")`` runs one rank per set of alike
     ones, for full-size meshes); ``stack``, ``precision`` and ``param_bytes`` as
     :func:`~emulator.planner.evaluate`'s: the run uses the same."""
-    from .. import nn
-    from ..machine.work import np_dtype
-    from ..parallel.runtime import run_on_mesh, shape_only_batches
-    from ..training import synthetic_batches
-    from .precision_of import plan_context
-
     if param_bytes not in (None, 2, 4):
         raise ConfigError(f"run_plan: param_bytes must be 2 (bf16, mixed-precision Adam) or 4 (fp32), got "
                           f"{param_bytes!r}")

@@ -27,8 +27,9 @@ from functools import lru_cache
 import numpy as np
 
 from ..cost import RING_STEPS, all_to_all_time, collective_time, p2p_time
-from ..machine.comm_overlap import pipelined, ring_exchange, sm_slowdown
+from ..machine.comm_overlap import contention, pipelined, ring_exchange, sm_slowdown
 from ..machine.work import AllToAll, Collective, RingAttention, is_kernel
+from .memory import byte_sizes, zero3_held
 
 
 class Ranks(tuple):
@@ -291,8 +292,6 @@ def layer_times(timer, layer, r, dims, ctx):
     weight gradients), ``Bs`` (a split backward's input gradient), ``W``, with the
     strategy's per-layer collectives; ``ag``: ZeRO-3's gather of the layer, paid before a
     pass unless the layer is still gathered."""
-    from .memory import byte_sizes
-
     z = dims.zero_stage
     sizes = byte_sizes(ctx)
     ag = rs = 0.0
@@ -338,8 +337,6 @@ def action_durations(actions, per_layer, dims, host=False, prefetch=False):
     the GPU's, or (``host=True``) the host's to issue them. ``prefetch`` (ZeRO-3 as FSDP2
     runs it): a layer's all-gather runs while the layer before it computes, its
     reduce-scatter while the layer after it in backward does (:func:`prefetched`)."""
-    from .memory import zero3_held
-
     split = dims.schedule == "zb_h1"
     pairs = [(a.kind, a.chunk) for a in actions]
     held = zero3_held(pairs, split) if dims.zero_stage == 3 else [(False, True)] * len(pairs)
@@ -366,8 +363,6 @@ def prefetched(ts, name, held):
     order) starts computing, so only what outlasts that layer shows; each layer's
     reduce-scatter runs beside the next layer's backward, the last one after; the compute
     beside them slowed as beside any NCCL kernel (:data:`emulator.machine.comm_overlap.NCCL_CONTENTION`)."""
-    from ..machine.comm_overlap import contention
-
     order = ts if name == "F" else ts[::-1]
     compute = [t[name] - (t["rs"] if name != "F" else 0.0) for t in order]
     total = sum(compute)

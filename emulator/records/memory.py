@@ -18,7 +18,7 @@ KINDS = ("params", "grads", "optimizer", "activations", "buffers")
 def memory_key(array):
     """What identifies an array's memory, so that the same tensor under two names (a view,
     or the same array twice) counts once: its first byte and its size. Shape-only arrays
-    (:mod:`emulator.engine.shape_only`) say theirs as ``memory_key``."""
+    (:mod:`emulator.arrays.shape_only`) say theirs as ``memory_key``."""
     key = getattr(array, "memory_key", None)
     return key if key is not None else (array.__array_interface__["data"][0], array.nbytes)
 

@@ -8,6 +8,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Patch
 
+from ..records.memory import KINDS
+
 COLORS = {"compute": "#4C72B0", "comm": "#DD8452", "idle": "#DDDDDD"}
 
 
@@ -97,8 +99,6 @@ KIND_COLORS = {"params": "#4C72B0", "grads": "#55A868", "optimizer": "#C44E52", 
 def memory_over_time(ledger, ax=None, title=None, unit="us", scale_bytes=1e3, label="kB"):
     """What one rank holds over simulated time, stacked by kind (``world.memory[r]``),
     with the true peak marked and its breakdown at that moment in the legend."""
-    from ..records.memory import KINDS
-
     times, by_kind = ledger.history_by_kind()
     t = times * {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
     fig, ax = _axes(ax, (7.5, 2.8))

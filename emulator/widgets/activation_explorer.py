@@ -9,7 +9,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from ml_dtypes import bfloat16
 
-from .. import World, nn
+from .. import nn
+from ..engine.world import World
 from ..accounting import activation_terms
 from ..parallel.tp_block import TensorParallelBlock, cached_terms
 from .common import new_axes, show_model

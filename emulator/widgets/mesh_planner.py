@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from ..errors import ConfigError
 from ..parallel.dims import RECOMPUTE, SCHEDULES, ParallelDims
 from ..planner import cluster_preset, evaluate, model_preset, run_plan, search
-from ..machine.stack_sources import PRESETS as STACKS
+from ..machine.stack import PRESETS as STACKS
 from ..planner.memory import KINDS
 from ..planner.pictures import draw_breakdown
 from .common import new_axes, show_figure, show_model

@@ -8,7 +8,8 @@ import ipywidgets as W
 import numpy as np
 from matplotlib.figure import Figure
 
-from .. import World, nn
+from .. import nn
+from ..engine.world import World
 from ..nn.moe import capacity, keep_first, route
 from ..parallel import expert_parallel as ep
 from .common import show_model

@@ -7,7 +7,9 @@ peak (measured from the ledger) beside what the schedule predicts."""
 import ipywidgets as W
 import numpy as np
 
-from .. import Topology, World, nn
+from .. import nn
+from ..machine.topology import Topology
+from ..engine.world import World
 from ..accounting import pipeline_bubble
 from ..parallel import pipeline as pp
 from ..viz.schedules import ACTION_COLORS

@@ -13,7 +13,7 @@ clock.
 """
 
 from ...errors import ConfigError
-from . import Checkpointing
+from .checkpointing import Checkpointing
 from .durable import make_folder
 from .files import Coordinator, clear_partial, lost_reason, mark_lost, step_dir, write_manifest, write_shard
 from .folder import claim

@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from ...errors import ConfigError
-from ...engine.p2p import P2POp
+from ...algorithms.p2p_op import P2POp
 from .layout import chunks_of
 from ...machine.kernels import attention as attention_kernel
 from .online_softmax import OnlineSoftmax

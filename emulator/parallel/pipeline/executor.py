@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import ConfigError, DeadlockError
-from ...engine.p2p import P2POp
-from ...training import local_batch, split_batch
+from ...algorithms.p2p_op import P2POp
+from ..batches import local_batch, split_batch
 from .actions import shape_of
 from .check import ScheduleError, validate
 from .exchange import local_program, program

@@ -24,6 +24,11 @@ from ..errors import ConfigError
 from .shape_rules import advanced_shape, basic_index, c_strides, dtype_token, matmul_shape, ufunc_dtypes
 
 
+# The NumPy functions a ShapeArray answers to, {np function: handler}: filled by
+# :mod:`emulator.arrays.shape_only_functions`, a module of its own.
+FUNCTIONS = {}
+
+
 class ShapeOnlyError(ConfigError):
     """Something needed the values of a shape-only array."""
 
@@ -200,8 +205,6 @@ class ShapeArray(NDArrayOperatorsMixin):
         return results[0] if len(results) == 1 else results
 
     def __array_function__(self, func, types, args, kwargs):
-        from .shape_only_functions import FUNCTIONS  # (a module of its own, imported once)
-
         handler = FUNCTIONS.get(func)
         if handler is None:
             raise ShapeOnlyError(f"np.{func.__name__} is not supported on shape-only arrays")

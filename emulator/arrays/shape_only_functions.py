@@ -1,11 +1,13 @@
 """The NumPy functions a shape-only array answers to (``__array_function__``): each gives
-the shape and dtype NumPy would, with no values (see :mod:`emulator.engine.shape_only`)."""
+the shape and dtype NumPy would, with no values (see :mod:`emulator.arrays.shape_only`). Importing
+this module fills that module's ``FUNCTIONS``, as NumPy's NEP 18 registry of handled functions does;
+``emulator.arrays`` imports it, so every shape-only array answers to these."""
 
 import math
 
 import numpy as np
 
-from .shape_only import ShapeArray, _argsort_like
+from .shape_only import FUNCTIONS, ShapeArray, _argsort_like
 
 
 def _shape_of(x):
@@ -83,7 +85,7 @@ def _argsort(a, axis=-1, kind=None, order=None, **kw):
     return _argsort_like(a, axis)[0]
 
 
-FUNCTIONS = {
+FUNCTIONS.update({
     np.concatenate: _concatenate, np.stack: _stack, np.where: _where, np.moveaxis: _moveaxis,
     np.ascontiguousarray: lambda a, dtype=None, **kw: a.copy() if not a._contiguous() else a.astype(
         dtype or a.dtype, copy=False),
@@ -104,4 +106,4 @@ FUNCTIONS = {
     np.ravel: lambda a, order="C": a.ravel(), np.squeeze: lambda a, axis=None: a.squeeze(axis),
     np.expand_dims: lambda a, axis: a.reshape(a.shape[:axis] + (1,) + a.shape[axis:]),
     np.triu: lambda a, k=0: a.copy(), np.tril: lambda a, k=0: a.copy(),
-}
+})

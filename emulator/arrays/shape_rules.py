@@ -1,5 +1,5 @@
 """How NumPy shapes what it computes, as pure functions of shapes and dtypes (no values):
-what :mod:`emulator.engine.shape_only`'s arrays answer with."""
+what :mod:`emulator.arrays.shape_only`'s arrays answer with."""
 
 import math
 from functools import lru_cache
