@@ -23,12 +23,12 @@ on the same batches (within the dtype's tolerance; exits non-zero naming the par
 rank otherwise, a missing one included). The last step's calls are recorded at the
 dispatcher (DTensor's, FSDP2's, the pipeline's), written to ``--out``/06_mesh.calls.json
 and set beside the emulator's run of the same plan (``run_on_mesh`` with ``ParallelDims(dp,
-tp, pp, zero_stage=3, sequence_parallel=True)``), axis by axis: the pipeline's sends and
-receives must be the emulator's, call for call; the data axis must gather and
-reduce-scatter the same layers, with FSDP2's padding; the tensor axis differs where the
-two implementations choose differently, and the lab prints by how much and why. On GPUs it
-also times a step beside the planner's prediction for the plan. NCCL on GPUs, gloo on
-CPU (``--backend``).
+tp, pp, zero_stage=3, sequence_parallel=True)``), axis by axis (``gpu_labs/mesh_calls.py``):
+the pipeline's sends and receives must be the emulator's, call for call; the data axis
+must gather and reduce-scatter the same layers, with FSDP2's padding; the tensor axis
+differs where the two implementations choose differently, and the lab prints by how much
+and why. On GPUs it also times a step beside the planner's prediction for the plan. NCCL
+on GPUs, gloo on CPU (``--backend``).
 """
 
 import os
