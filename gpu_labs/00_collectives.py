@@ -1,6 +1,6 @@
 """Lesson 00 on real hardware: collectives measured as nccl-tests does, beside the model.
 
-    torchrun --standalone --nproc-per-node N gpu_labs/00_collectives.py
+    torchrun --standalone --nproc-per-node N -m gpu_labs.00_collectives
 
 NCCL on GPUs (one rank per GPU), gloo on the CPU otherwise (``--backend`` overrides).
 For all_reduce, reduce_scatter and all_gather over ``--sizes`` (bytes per rank) it prints
@@ -16,8 +16,8 @@ and writes its calls to ``--out``/00_collectives.calls.json, the format of
 non-zero with a message naming the rank if any result, or any call, is wrong or missing.
 
 Examples:
-    torchrun --standalone --nproc-per-node 8 gpu_labs/00_collectives.py --sizes 1e3,1e6,1e9
-    torchrun --standalone --nproc-per-node 4 gpu_labs/00_collectives.py --backend gloo --iters 5
+    torchrun --standalone --nproc-per-node 8 -m gpu_labs.00_collectives --sizes 1e3,1e6,1e9
+    torchrun --standalone --nproc-per-node 4 -m gpu_labs.00_collectives --backend gloo --iters 5
 """
 
 import os
@@ -27,9 +27,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from checks import expect_match, expect_same_calls, gather_calls
-from common import all_gather_into_tensor, base_parser, finish, header, init, reduce_scatter_tensor, say, timed
-from trace import Recorder
+from .call_trace import Recorder
+from .checks import expect_match, expect_same_calls, gather_calls
+from .common import all_gather_into_tensor, base_parser, finish, header, init, reduce_scatter_tensor, say, timed
 
 from emulator import World
 from emulator.algorithms.p2p_ring import ring_all_reduce_p2p

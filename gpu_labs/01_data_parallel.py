@@ -1,6 +1,6 @@
 """Lesson 01 on real hardware: DDP and ZeRO-1/2/3 by hand, against torch's own.
 
-    torchrun --standalone --nproc-per-node N gpu_labs/01_data_parallel.py
+    torchrun --standalone --nproc-per-node N -m gpu_labs.01_data_parallel
 
 Trains the lesson's small GPT (the same parameters as ``emulator.nn.GPT``) for a few
 steps on a global batch split over N ranks of a one-axis device mesh (``dp``), six ways:
@@ -31,11 +31,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
-from checks import differences, error, expect_same_calls_rank0
-from common import (TORCH_VERSION, add_dtype_option, base_parser, dtype_name, fail, fail_everywhere, finish, header, init, lab_dtype,
+from .call_trace import Recorder
+from .checks import differences, error, expect_same_calls_rank0
+from .common import (TORCH_VERSION, add_dtype_option, base_parser, dtype_name, fail, fail_everywhere, finish, header, init, lab_dtype,
                     reference_dtype, say, sync)
-from torch_parallel.data_parallel import VARIANTS, Setup
-from trace import Recorder
+from .torch_parallel.data_parallel import VARIANTS, Setup
 
 from emulator import World, nn
 from emulator.records.memory import MemoryLedger

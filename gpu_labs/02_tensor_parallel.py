@@ -1,7 +1,7 @@
 """Lesson 02 on real hardware: Megatron tensor (and sequence) parallelism by hand, against
 the dense block and PyTorch's DTensor.
 
-    torchrun --standalone --nproc-per-node N gpu_labs/02_tensor_parallel.py
+    torchrun --standalone --nproc-per-node N -m gpu_labs.02_tensor_parallel
 
 N ranks form a device mesh: ``tp`` ranks inside a node (``--tp``, default: every rank of
 the node, up to the 8 heads), and ``dp = N / tp`` copies of that across nodes, each
@@ -13,8 +13,9 @@ runs TP 8 inside each node and DP 2 across. A transformer block (the parameters 
   o and fc2 row-parallel, the f/g operators as autograd functions; then again with
   sequence parallelism (all-gather and reduce-scatter along the sequence, the norms'
   gradients all-reduced);
-* with DTensor: ``parallelize_module`` with ``ColwiseParallel``, ``RowwiseParallel`` and,
-  for sequence parallelism, ``SequenceParallel`` on the norms;
+* with DTensor (``gpu_labs/tp_dtensor.py``): ``parallelize_module`` with
+  ``ColwiseParallel``, ``RowwiseParallel`` and, for sequence parallelism,
+  ``SequenceParallel`` on the norms;
 * densely on every rank, the reference.
 
 Outputs, input gradients and every parameter gradient must agree with the dense block
@@ -33,14 +34,14 @@ import os
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
-from checks import expect_match, expect_same_calls, gather_calls
-from common import (add_dtype_option, base_parser, dtype_name, fail, finish, header, init, lab_dtype, reference_dtype,
+from .call_trace import Recorder, Recording
+from .checks import expect_match, expect_same_calls, gather_calls
+from .common import (add_dtype_option, base_parser, dtype_name, fail, finish, header, init, lab_dtype, reference_dtype,
                     say, timed)
-from torch_parallel.tensor_parallel import TPBlock
-from trace import Recorder, Recording
+from .torch_parallel.tensor_parallel import TPBlock
+from .tp_dtensor import as_sets, dtensor_expected, dtensor_run
 
 from emulator import Topology, World, nn
 from emulator.cost import collective_time
@@ -78,98 +79,6 @@ def shard_of(params, rank, n, sp=False):
     return TensorParallelBlock.shard_for(params, rank, n, D, A, FF, sequence_parallel=sp)
 
 
-class DenseBlock(torch.nn.Module):
-    """The block as torch modules (for DTensor's parallelize_module); x @ w layout."""
-
-    def __init__(self, params, device, dtype):
-        super().__init__()
-
-        def linear(key, d_in, d_out):
-            lin = torch.nn.Linear(d_in, d_out, device=device, dtype=dtype)
-            with torch.no_grad():
-                lin.weight.copy_(torch.tensor(params[f"{key}.w"].T))
-                lin.bias.copy_(torch.tensor(params[f"{key}.b"]))
-            return lin
-
-        def norm(key):
-            ln = torch.nn.LayerNorm(D, eps=1e-5, device=device, dtype=dtype)
-            with torch.no_grad():
-                ln.weight.copy_(torch.tensor(params[f"{key}.g"]))
-                ln.bias.copy_(torch.tensor(params[f"{key}.b"]))
-            return ln
-
-        self.ln1, self.ln2 = norm("ln1"), norm("ln2")
-        self.attn = torch.nn.Module()
-        for n in "qkvo":
-            setattr(self.attn, n, linear(f"attn.{n}", D, D))
-        self.attn.n_heads = A
-        self.mlp = torch.nn.Module()
-        self.mlp.fc1, self.mlp.fc2 = linear("mlp.fc1", D, FF), linear("mlp.fc2", FF, D)
-        self.attn.forward, self.mlp.forward = self._attention, self._mlp
-
-    def _attention(self, a):
-        b, s = a.shape[:2]
-        q, k, v = (getattr(self.attn, n)(a).reshape(b, s, self.attn.n_heads, -1).transpose(1, 2) for n in "qkv")
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.attn.o(o.transpose(1, 2).reshape(b, s, -1))
-
-    def _mlp(self, a):
-        return self.mlp.fc2(F.gelu(self.mlp.fc1(a), approximate="tanh"))
-
-    def forward(self, x):
-        h = x + self.attn(self.ln1(x))
-        return h + self.mlp(self.ln2(h))
-
-    def grads(self):
-        """Gradients keyed as the emulator's parameters (x @ w layout), full tensors."""
-        def full(t):
-            return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-        out = {"ln1.g": self.ln1.weight.grad, "ln1.b": self.ln1.bias.grad, "ln2.g": self.ln2.weight.grad,
-               "ln2.b": self.ln2.bias.grad}
-        for key, lin in [(f"attn.{n}", getattr(self.attn, n)) for n in "qkvo"] + [("mlp.fc1", self.mlp.fc1),
-                                                                                 ("mlp.fc2", self.mlp.fc2)]:
-            out[f"{key}.w"], out[f"{key}.b"] = lin.weight.grad, lin.bias.grad
-        out = {k: None if v is None else full(v).contiguous() for k, v in out.items()}
-        return {k: v.T.contiguous() if v is not None and k.endswith(".w") and not k.startswith("ln") else v
-                for k, v in out.items()}
-
-
-def dtensor_run(params, x, dy, mesh, sp, device, dtype, dp_group, recording):
-    """DTensor's block on this replica's batch; ``recording`` watches its forward and
-    backward (not the set-up, nor the gathering of gradients for the check)."""
-    try:
-        from torch.distributed.tensor import DTensor, Replicate, Shard
-    except ImportError:  # torch 2.4 keeps DTensor in a private module
-        from torch.distributed._tensor import DTensor, Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
-
-    block = DenseBlock(params, device, dtype)
-    row = dict(output_layouts=Shard(1), use_local_output=False) if sp else {}
-    plan = {f"attn.{n}": ColwiseParallel() for n in "qkv"}
-    plan.update({"attn.o": RowwiseParallel(**row), "mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel(**row)})
-    if sp:
-        plan.update({"ln1": SequenceParallel(), "ln2": SequenceParallel(),
-                     "attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-                     "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))})
-    parallelize_module(block, mesh, plan)
-    block.attn.n_heads = A // mesh.size()
-    n, r = mesh.size(), mesh.get_local_rank()
-    sl = slice(r * S // n, (r + 1) * S // n) if sp else slice(None)
-    xin = x[:, sl].clone().requires_grad_(True)
-    inp = DTensor.from_local(xin, mesh, [Shard(1)]) if sp else xin
-    with recording:
-        y = block(inp)
-        y_local = y.to_local() if sp else y
-        (y_local * dy[:, sl]).sum().backward()
-    grads = block.grads()
-    for g in grads.values():  # the data-parallel sum over the other replicas' batches
-        if g is not None:
-            torch.distributed.all_reduce(g, group=dp_group)
-    return y_local.detach(), xin.grad, grads
-
-
 def emulator_calls(dp, tp, sp, np_dtype, item):
     """The calls of ``emulator.parallel.tp_block`` on the same (dp, tp) mesh and shapes."""
     params = {k: v.astype(np_dtype) for k, v in nn.TransformerBlock(D, A, FF, dtype=np.float64).init(
@@ -186,35 +95,6 @@ def emulator_calls(dp, tp, sp, np_dtype, item):
     world.run(prog)
     scale = item / np.dtype(np_dtype).itemsize
     return [[Call(c.op, c.group, int(c.nbytes * scale), c.peer) for c in per_rank] for per_rank in world.calls]
-
-
-def dtensor_expected(n, tp, sp, item):
-    """The calls DTensor makes for the lab's plan, per rank (a forward and a backward):
-
-    * TP: the two row-parallel outputs all-reduced in forward (as Megatron's g); in
-      backward the input gradient of each column-parallel layer all-reduced on its own
-      (q, k, v and fc1: four calls where the hand-written block, summing q, k and v first,
-      makes two).
-    * SP: in forward an all-gather of the sequence before each column-parallel pair and a
-      reduce-scatter after each row-parallel layer; in backward the same two pairs the
-      other way. The norms' gradients stay pending sums (``Partial``) until they are read,
-      which all-reduces each of them apart (outside the step watched here; the
-      hand-written block makes one call for all six in its step). DTensor keeps the
-      gathered input for the weight gradients, where the hand-written block (as
-      Megatron) gathers it again in backward: memory for bytes."""
-    act = B_PER_DP * S * D * item
-    if tp == 1:  # a group of one: nothing to send
-        return [[] for _ in range(n)]
-    if not sp:
-        calls = [Call("all_reduce", "tp", act)] * 6
-    else:
-        calls = [Call("all_gather", "tp", act // tp), Call("reduce_scatter", "tp", act)] * 4
-    return [list(calls) for _ in range(n)]
-
-
-def as_sets(calls):
-    key = lambda c: (c.op, c.group, c.nbytes, -1 if c.peer is None else c.peer)  # noqa: E731
-    return [sorted(per_rank, key=key) for per_rank in calls]
 
 
 def main():
@@ -284,11 +164,11 @@ def main():
     for sp in (False, True):
         sl = slice(tp_rank * S // tp, (tp_rank + 1) * S // tp) if sp else slice(None)
         rec = Recording({"tp": group})
-        y, dx, grads = dtensor_run(params, xb, dyb, mesh["tp"], sp, device, dtype, dp_group, rec)
+        y, dx, grads = dtensor_run(params, A, xb, dyb, mesh["tp"], sp, device, dtype, dp_group, rec)
         name = "DTensor" + (", SequenceParallel" if sp else "")
         check(name, y, dx, grads, sl, sharded=False)
         mine, hand_bytes = as_sets(gather_calls(rec)), sum(c.nbytes for c in hand[sp][0])
-        line = expect_same_calls(f"{name:>26s}", mine, as_sets(dtensor_expected(n, tp, sp, item)),
+        line = expect_same_calls(f"{name:>26s}", mine, as_sets(dtensor_expected(n, tp, sp, B_PER_DP * S * D * item)),
                                  "each rank's as a set", ("DTensor", "plan"))
         say(f"{line} ({sum(c.nbytes for c in mine[0])} B passed in by rank 0; the hand-written block {hand_bytes} B)")
     # the TP all-reduces of one layer, timed, beside the model

@@ -1,7 +1,7 @@
 """Lesson 03 on real hardware: a 1F1B pipeline by hand over point-to-point calls, against
 one process and against torch.distributed.pipelining.
 
-    torchrun --standalone --nproc-per-node P gpu_labs/03_pipeline.py
+    torchrun --standalone --nproc-per-node P -m gpu_labs.03_pipeline
 
 P ranks are P pipeline stages of the course GPT (the emulator's parameters, 2P blocks):
 
@@ -40,11 +40,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from checks import expect_match, expect_same_calls, gather_calls
-from common import (TORCH_VERSION, add_dtype_option, base_parser, dtype_name, fail, fail_everywhere, finish, header, init, lab_dtype,
+from .call_trace import Recorder, Recording
+from .checks import expect_match, expect_same_calls, gather_calls
+from .common import (TORCH_VERSION, add_dtype_option, base_parser, dtype_name, fail, fail_everywhere, finish, header, init, lab_dtype,
                     reference_dtype, say, timed)
-from torch_parallel.pipeline import Clock, Executor, GPTStage, loss_fn
-from trace import Recorder, Recording
+from .torch_parallel.pipeline import Clock, Executor, GPTStage, loss_fn
 
 from emulator import Topology, World, nn
 from emulator.accounting import pipeline_bubble

@@ -1,7 +1,7 @@
 """Lesson 04 on real hardware: ring attention, forward and backward, over point-to-point
 calls, against attention on the whole sequence.
 
-    torchrun --standalone --nproc-per-node C gpu_labs/04_context_parallel.py
+    torchrun --standalone --nproc-per-node C -m gpu_labs.04_context_parallel
 
 C ranks split one sequence (the emulator's ``split_sequence``, contiguous or zigzag). Ring
 attention (``gpu_labs/torch_parallel/ring_attention.py``) runs forward and backward with
@@ -25,11 +25,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from checks import expect_match, expect_same_calls, gather_calls
-from common import (add_dtype_option, base_parser, dtype_name, fail, finish, header, init, lab_dtype, reference_dtype,
+from .call_trace import Recorder
+from .checks import expect_match, expect_same_calls, gather_calls
+from .common import (add_dtype_option, base_parser, dtype_name, finish, header, init, lab_dtype, reference_dtype,
                     say, timed)
-from torch_parallel.ring_attention import compute_only, ring_attention
-from trace import Recorder
+from .torch_parallel.ring_attention import compute_only, ring_attention
 
 from emulator import Topology, World
 from emulator.parallel import context_parallel as cp

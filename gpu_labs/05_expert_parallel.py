@@ -1,7 +1,7 @@
 """Lesson 05 on real hardware: an expert-parallel MoE layer over all_to_all_single, against
 the dense layer in one process.
 
-    torchrun --standalone --nproc-per-node N gpu_labs/05_expert_parallel.py
+    torchrun --standalone --nproc-per-node N -m gpu_labs.05_expert_parallel
 
 N ranks form a device mesh: expert-parallel groups of ``--ep`` ranks inside a node
 (default: the node's ranks, at most the 8 experts) and ``dp = N / ep`` copies of them
@@ -27,11 +27,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from checks import expect_match, expect_same_calls, gather_calls
-from common import (add_dtype_option, base_parser, dtype_name, fail, finish, header, init, lab_dtype, reference_dtype,
+from .call_trace import Recorder
+from .checks import expect_match, expect_same_calls, gather_calls
+from .common import (add_dtype_option, base_parser, dtype_name, fail, finish, header, init, lab_dtype, reference_dtype,
                     say, timed)
-from torch_parallel.expert_parallel import ep_moe
-from trace import Recorder
+from .torch_parallel.expert_parallel import ep_moe
 
 from emulator import Topology, World, nn
 from emulator.nn import torch_reference as R

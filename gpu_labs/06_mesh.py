@@ -1,8 +1,8 @@
 """Lesson 06 on real hardware: data, tensor and pipeline parallelism on one device mesh with
 PyTorch's own pieces, against one process and against the emulator's run of the same plan.
 
-    torchrun --standalone --nproc-per-node 4 gpu_labs/06_mesh.py            # dp 2 x tp 2
-    torchrun --standalone --nproc-per-node 8 gpu_labs/06_mesh.py --pp 2     # pp 2 x dp 2 x tp 2
+    torchrun --standalone --nproc-per-node 4 -m gpu_labs.06_mesh            # dp 2 x tp 2
+    torchrun --standalone --nproc-per-node 8 -m gpu_labs.06_mesh --pp 2     # pp 2 x dp 2 x tp 2
 
 The course GPT (``emulator.nn.GPT``'s parameters, as torch modules:
 ``gpu_labs/torch_parallel/mesh.py``) trains for ``--steps`` steps on a mesh from
@@ -23,16 +23,15 @@ on the same batches (within the dtype's tolerance; exits non-zero naming the par
 rank otherwise, a missing one included). The last step's calls are recorded at the
 dispatcher (DTensor's, FSDP2's, the pipeline's), written to ``--out``/06_mesh.calls.json
 and set beside the emulator's run of the same plan (``run_on_mesh`` with ``ParallelDims(dp,
-tp, pp, zero_stage=3, sequence_parallel=True)``), axis by axis: the pipeline's sends and
-receives must be the emulator's, call for call; the data axis must gather and
-reduce-scatter the same layers, with FSDP2's padding; the tensor axis differs where the
-two implementations choose differently, and the lab prints by how much and why. On GPUs it
-also times a step beside the planner's prediction for the plan. NCCL on GPUs, gloo on
-CPU (``--backend``).
+tp, pp, zero_stage=3, sequence_parallel=True)``), axis by axis (``gpu_labs/mesh_calls.py``):
+the pipeline's sends and receives must be the emulator's, call for call; the data axis
+must gather and reduce-scatter the same layers, with FSDP2's padding; the tensor axis
+differs where the two implementations choose differently, and the lab prints by how much
+and why. On GPUs it also times a step beside the planner's prediction for the plan. NCCL
+on GPUs, gloo on CPU (``--backend``).
 """
 
 import os
-from collections import Counter
 
 import numpy as np
 import torch
@@ -40,14 +39,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
-from checks import expect_match, gather_calls
-from common import Stopwatch, add_dtype_option, base_parser, dtype_name, fail, finish, header, init, lab_dtype, say
-from torch_parallel.mesh import GPT, Stage, fully_shard_layers, tensor_parallel
-from trace import Recording
+from .call_trace import Recording
+from .checks import expect_match, gather_calls
+from .common import Stopwatch, add_dtype_option, base_parser, dtype_name, fail, finish, header, init, lab_dtype, say
+from .mesh_calls import compare, emulator_calls, tensor_axis_note
+from .torch_parallel.mesh import GPT, Stage, fully_shard_layers, tensor_parallel
 
 from emulator import nn
-from emulator.parallel import ParallelDims, run_on_mesh
-from emulator.records.calls import Call, save
+from emulator.parallel import ParallelDims
+from emulator.records.calls import save
 from emulator.training import synthetic_batches
 
 V, D, H, FF, L, S, B_MICRO = 64, 64, 8, 128, 4, 16, 2
@@ -111,7 +111,7 @@ def train_2d(params, batches, mesh, dp_rank, dp, device, dtype, groups):
             loss_fn(model(xs), ys).backward()
         opt.step()
         seconds = watch.stop()
-    return model, rec.calls, seconds
+    return model, rec, seconds
 
 
 def train_3d(params, batches, mesh, dp_rank, dp, pp, m, device, dtype, groups):
@@ -175,70 +175,7 @@ def train_3d(params, batches, mesh, dp_rank, dp, pp, m, device, dtype, groups):
             (layer.startswith("blocks.") and first <= int(layer.split(".")[1]) < last)
         if mine:
             named[k] = v
-    return named, rec.calls, seconds
-
-
-def emulator_calls(params, batch, dims):
-    """The calls of the emulator's run of the same plan, on the same model and batch."""
-    gpt = nn.GPT(V, D, H, FF, L, S, dtype=np.float64)
-    run = run_on_mesh(gpt, params, [batch], dims, nn.AdamW(**LR))
-    axis = {"dp,cp": "dp"}  # without context parallelism, dense gradients reduce over the dp group itself
-    return [[Call(c.op, axis.get(c.group, c.group), c.nbytes, c.peer) for c in per_rank] for per_rank in
-            run.world.calls]
-
-
-def by_axis(calls):
-    """{(axis, op): [calls, bytes]} of one rank's calls."""
-    out = {}
-    for c in calls:
-        row = out.setdefault((c.group, c.op), [0, 0])
-        row[0] += 1
-        row[1] += c.nbytes
-    return out
-
-
-def compare(lab, emu, item, units, blocks, m):
-    """Axis by axis, one rank's calls beside the emulator's (its bytes scaled to the lab's
-    dtype). Returns (lines to print, what is wrong):
-
-    * ``pp``: the pipeline's sends and receives must be the emulator's, call for call;
-    * ``dp``: FSDP2 reduce-scatters each of its ``units`` (a unit per block, and one for
-      the rest: the embedding, the output layer) once per step, its gradients accumulated
-      unsharded over the ``m`` micro-batches; the emulator's ZeRO-3 reduce-scatters each
-      layer every micro-batch (it keeps no full gradient). A step's gradients must be the
-      emulator's bytes over ``m``, within 10% (each pads its shards its own way). Without a
-      pipeline FSDP2 gathers each unit before forward and each block again before backward
-      (the root stays gathered in between): ``units + blocks`` all-gathers; under torch's
-      pipeline it keeps a unit gathered across micro-batches once its backward has run, so
-      fewer than the emulator, which gathers before every pass;
-    * ``tp``: printed, not compared (the two differ by design: see the lab's last line)."""
-    mine, theirs = by_axis(lab), {k: [v[0], v[1] * item // 8] for k, v in by_axis(emu).items()}
-    lines, bad = [], []
-    for key in sorted(set(mine) | set(theirs)):
-        a, b = mine.get(key, [0, 0]), theirs.get(key, [0, 0])
-        lines.append(f"  {key[0]:6s} {key[1]:15s} lab {a[0]:4d} calls {a[1]:>10,d} B | emulator {b[0]:4d} calls "
-                     f"{b[1]:>10,d} B")
-    p2p_lab = sorted((c.op, c.nbytes, -1 if c.peer is None else c.peer) for c in lab if c.group == "pp")
-    p2p_emu = sorted((c.op, c.nbytes * item // 8, -1 if c.peer is None else c.peer) for c in emu if c.group == "pp")
-    if p2p_lab != p2p_emu:
-        bad.append(f"the pipeline's sends and receives are not the emulator's: lab {len(p2p_lab)} "
-                   f"({sum(x[1] for x in p2p_lab)} B), emulator {len(p2p_emu)} ({sum(x[1] for x in p2p_emu)} B)")
-    if not units:
-        return lines, bad
-    ag, rs = mine.get(("dp", "all_gather"), [0, 0]), mine.get(("dp", "reduce_scatter"), [0, 0])
-    emu_ag, emu_rs = theirs.get(("dp", "all_gather"), [0, 0]), theirs.get(("dp", "reduce_scatter"), [0, 0])
-    if rs[0] != units:
-        bad.append(f"FSDP2 should reduce-scatter each of its {units} units once per step; it made {rs[0]} "
-                   f"reduce-scatters on dp")
-    if abs(rs[1] - emu_rs[1] / m) > 0.1 * emu_rs[1] / m:
-        bad.append(f"a step's gradients reduce-scattered on dp are {rs[1]} B, the emulator's {emu_rs[1] / m:.0f} B "
-                   f"per micro-batch")
-    if (m == 1 and ag[0] != units + blocks) or (m > 1 and not units <= ag[0] <= emu_ag[0]):
-        bad.append(f"FSDP2 made {ag[0]} all-gathers on dp; expected {units + blocks} (its {units} units before "
-                   f"forward, its {blocks} blocks before backward)" if m == 1 else
-                   f"FSDP2 made {ag[0]} all-gathers on dp; expected at least its {units} units and at most the "
-                   f"emulator's {emu_ag[0]}")
-    return lines, bad
+    return named, rec, seconds
 
 
 def main():
@@ -260,10 +197,10 @@ def main():
         f"{args.steps} steps; tolerance {tol:g}")
     want, ref_losses = reference(params, batches, device, dtype)
     if pp == 1:
-        model, calls, seconds = train_2d(params, batches, mesh, dp_rank, dp, device, dtype, groups)
+        model, rec, seconds = train_2d(params, batches, mesh, dp_rank, dp, device, dtype, groups)
         got = model.named()
     else:
-        got, calls, seconds = train_3d(params, batches, mesh, dp_rank, dp, pp, m, device, dtype, groups)
+        got, rec, seconds = train_3d(params, batches, mesh, dp_rank, dp, pp, m, device, dtype, groups)
         want = {k: v for k, v in want.items() if k in got or (args.self_test_fault == "drop-parameter")}
     if rank == n - 1 and args.self_test_fault == "wrong-gradient":
         k = next(k for k in sorted(got) if k.startswith("blocks."))
@@ -272,13 +209,13 @@ def main():
         got.pop(next(k for k in sorted(got) if k.startswith("blocks.")))
     if rank == n - 1 and args.self_test_fault == "drop-call":  # a pipeline transfer, or a gradient reduction
         axis, op = ("pp", "send") if pp > 1 else ("dp", "reduce_scatter")
-        calls.pop(max(i for i, c in enumerate(calls) if (c.group, c.op) == (axis, op)))
+        rec.calls.pop(max(i for i, c in enumerate(rec.calls) if (c.group, c.op) == (axis, op)))
     name = f"{'pp x ' if pp > 1 else ''}FSDP2 x TP/SP"
     err = expect_match(f"{name}: parameters after {args.steps} steps, against one process", got, want, tol, rank)
     say(f"{name}: every parameter equals single-process training after {args.steps} steps (max error {err:.1e})")
     dims = ParallelDims(dp=dp, tp=tp, pp=pp, zero_stage=3, sequence_parallel=True, micro_batches=m)
-    emu = emulator_calls(params, np_batches[-1], dims)
-    everyone = gather_calls(Recorder(calls))
+    emu = emulator_calls(gpt, params, np_batches[-1], dims, nn.AdamW(**LR))
+    everyone = gather_calls(rec)
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
         out = os.path.join(args.out, "06_mesh.calls.json")
@@ -294,12 +231,7 @@ def main():
         fail(f"{name}: the calls differ from the emulator's on rank {rank}: " + "; ".join(bad))
     if int(flag):
         fail("another rank's calls differ from the emulator's (see its message)")
-    tp_lab = Counter(c.op for c in everyone[0] if c.group == "tp")
-    tp_emu = Counter(c.op for c in emu[0] if c.group == "tp")
-    say(f"tp: the lab makes {tp_lab['all_gather']} all-gathers and {tp_lab['reduce_scatter']} reduce-scatters, the "
-        f"emulator {tp_emu['all_gather']} and {tp_emu['reduce_scatter']}: DTensor's autograd keeps each gathered "
-        f"input for the weight gradient where the emulator, as Megatron, gathers it again; the emulator's "
-        f"embedding and output layer are split by vocabulary over tp, the lab's whole on every tp rank")
+    say(tensor_axis_note(everyone[0], emu[0]))
     if device.type == "cuda":
         worst = torch.tensor(seconds, dtype=torch.float64, device=device)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
@@ -310,13 +242,6 @@ def main():
             f"gradient): memory traded for bytes")
     say("OK: the mesh trains as one process does; its pipeline and data-parallel calls agree with the emulator's")
     finish()
-
-
-class Recorder:
-    """What :func:`checks.gather_calls` reads: a list of calls."""
-
-    def __init__(self, calls):
-        self.calls = calls
 
 
 def planner_line(args, dims, seconds):

@@ -1,8 +1,8 @@
 """Lesson 07 on real hardware: sharded checkpoints, resharding, and a restart after a crash.
 
-    torchrun --standalone --nproc-per-node 4 gpu_labs/07_checkpoint.py --fresh
+    torchrun --standalone --nproc-per-node 4 -m gpu_labs.07_checkpoint --fresh
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node 4 --max-restarts 1 \
-        gpu_labs/07_checkpoint.py --fresh --kill-rank 1 --kill-step 5
+        -m gpu_labs.07_checkpoint --fresh --kill-rank 1 --kill-step 5
 
 Trains the course GPT (``emulator.nn.GPT``'s parameters) with FSDP2 (``fully_shard``: every
 parameter, and AdamW's state, sharded along dim 0 over the ranks) on a global batch split
@@ -45,8 +45,8 @@ try:
 except ImportError:  # torch 2.4 keeps FSDP2 in a private module
     from torch.distributed._composable.fsdp import fully_shard
 
-from common import ROOT, TORCH_VERSION, add_dtype_option, base_parser, fail, finish, init, lab_dtype, say
-from torch_parallel.checkpointing import CourseGPT, latest_complete, load, overlaps, save, saved_bytes
+from .common import ARTIFACTS, TORCH_VERSION, add_dtype_option, base_parser, fail, finish, init, lab_dtype, say
+from .torch_parallel.checkpointing import CourseGPT, latest_complete, load, overlaps, save, saved_bytes
 
 from emulator import nn
 from emulator.nn import torch_reference as R
@@ -62,7 +62,8 @@ def parse():
     ap.add_argument("--steps", type=int, default=8, help="steps of the whole training")
     ap.add_argument("--every", type=int, default=2, help="save a checkpoint every this many steps")
     ap.add_argument("--batch", type=int, default=12, help="global batch (a multiple of every world size used)")
-    ap.add_argument("--ckpt-dir", default=os.path.join(ROOT, "artifacts", "gpu_labs", "07_checkpoint"))
+    ap.add_argument("--ckpt-dir", default=os.path.join(ARTIFACTS, "07_checkpoint"),
+                    help="a folder every node sees (default: %(default)s under the current folder)")
     ap.add_argument("--fresh", action="store_true", help="start from step 0: remove --ckpt-dir first")
     ap.add_argument("--stop-after", type=int, default=None, help="stop after this step (then run again)")
     ap.add_argument("--kill-rank", type=int, default=None)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from common import fail, fail_everywhere
+from .common import fail, fail_everywhere
 from emulator.records.calls import Call, compare
 
 

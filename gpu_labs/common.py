@@ -29,9 +29,10 @@ import time
 import torch
 import torch.distributed as dist
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:  # so that labs can import the emulator's cost model and models
-    sys.path.insert(0, ROOT)
+# Where a lab writes what it records, relative to the folder it runs in (the course's own
+# folder when run as documented): the same place whether gpu_labs is this checkout or an
+# installed copy.
+ARTIFACTS = os.path.join("artifacts", "gpu_labs")
 
 # Largest error allowed, relative to the reference's largest magnitude (or absolute when
 # that is below 1), per dtype. float64 checks the algorithm exactly up to summation order;
@@ -70,8 +71,9 @@ def base_parser(doc):
     ap.add_argument("--timeout", type=float, default=60.0,
                     help="seconds a collective may wait for the other ranks before the run is torn down "
                          "(torch's default is 10 minutes for NCCL, 30 for gloo)")
-    ap.add_argument("--out", default=os.path.join(ROOT, "artifacts", "gpu_labs"),
-                    help="folder for the lab's call trace (JSON, the format of emulator.records.calls)")
+    ap.add_argument("--out", default=ARTIFACTS,
+                    help="folder for the lab's call trace (JSON, the format of emulator.records.calls; "
+                         "default: %(default)s under the current folder)")
     return ap
 
 

@@ -508,7 +508,7 @@ grade.napkin_crossover(napkin_crossover)
 # `dist.all_reduce`. On one node with 8 GPUs:
 #
 # ```
-# torchrun --standalone --nproc-per-node 8 gpu_labs/00_collectives.py
+# torchrun --standalone --nproc-per-node 8 -m gpu_labs.00_collectives
 # ```
 #
 # Without GPUs it runs on the CPU with gloo (`--nproc-per-node 4`). `gpu_labs/README.md`

@@ -579,7 +579,7 @@ print("only " + fitting[0] + " fits" if len(fitting) == 1 else f"these fit: {fit
 # beside the emulator's prediction:
 #
 # ```
-# torchrun --standalone --nproc-per-node 4 gpu_labs/01_data_parallel.py
+# torchrun --standalone --nproc-per-node 4 -m gpu_labs.01_data_parallel
 # ```
 #
 # **Next:** lesson 02 splits the layers themselves: tensor and sequence parallelism.

@@ -729,7 +729,7 @@ grade.check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy)
 # emulator's, and on GPUs times the TP all-reduces of a layer beside the model:
 #
 # ```
-# torchrun --standalone --nproc-per-node 8 gpu_labs/02_tensor_parallel.py
+# torchrun --standalone --nproc-per-node 8 -m gpu_labs.02_tensor_parallel
 # ```
 #
 # **Next:** lesson 03 cuts the model along its depth instead: pipeline parallelism.

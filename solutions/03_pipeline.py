@@ -705,7 +705,7 @@ ScheduleExplorer("zb_h1", p=4, m=8)
 # with the emulator's:
 #
 # ```
-# torchrun --standalone --nproc-per-node 4 gpu_labs/03_pipeline.py
+# torchrun --standalone --nproc-per-node 4 -m gpu_labs.03_pipeline
 # ```
 #
 # **Next:** lesson 04 splits the sequence itself: context parallelism and ring attention.

@@ -568,7 +568,7 @@ grade.napkin_memory(napkin_memory_per_gpu)
 # each step's compute and transfer beside the emulator's prediction:
 #
 # ```
-# torchrun --standalone --nproc-per-node 4 gpu_labs/04_context_parallel.py
+# torchrun --standalone --nproc-per-node 4 -m gpu_labs.04_context_parallel
 # ```
 #
 # **Next:** lesson 05 splits a layer's experts: mixture of experts and expert parallelism.

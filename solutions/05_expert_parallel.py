@@ -680,7 +680,7 @@ RoutingExplorer(n_experts=8, top_k=2, capacity_factor=1.25, skew=1.0, ep=4)
 # combine beside the emulator's prediction, and records its calls for comparison:
 #
 # ```
-# torchrun --standalone --nproc-per-node 4 gpu_labs/05_expert_parallel.py
+# torchrun --standalone --nproc-per-node 4 -m gpu_labs.05_expert_parallel
 # ```
 #
 # **Next:** lesson 06 puts DP, TP, PP, CP and EP on one mesh.

@@ -747,8 +747,8 @@ PlanExplorer(model="llama3-8b", nodes=1, seq_len=4096, batch_tokens=2**19, dp=2,
 # trace and compares them with the emulator's run of the same plan:
 #
 # ```
-# torchrun --standalone --nproc-per-node 4 gpu_labs/06_mesh.py
-# torchrun --standalone --nproc-per-node 8 gpu_labs/06_mesh.py --pp 2
+# torchrun --standalone --nproc-per-node 4 -m gpu_labs.06_mesh
+# torchrun --standalone --nproc-per-node 8 -m gpu_labs.06_mesh --pp 2
 # ```
 #
 # **Next:** lesson 07, when GPUs fail.

@@ -593,10 +593,10 @@ FailureExplorer(gpus=16384, save_seconds=60, interval_minutes=20, restart_minute
 # again, and the job resumes from its last checkpoint on its own:
 #
 # ```
-# torchrun --standalone --nproc-per-node 4 gpu_labs/07_checkpoint.py --fresh --stop-after 3
-# torchrun --standalone --nproc-per-node 2 gpu_labs/07_checkpoint.py
+# torchrun --standalone --nproc-per-node 4 -m gpu_labs.07_checkpoint --fresh --stop-after 3
+# torchrun --standalone --nproc-per-node 2 -m gpu_labs.07_checkpoint
 # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node 4 --max-restarts 1 \
-#     gpu_labs/07_checkpoint.py --fresh --kill-rank 1 --kill-step 5
+#     -m gpu_labs.07_checkpoint --fresh --kill-rank 1 --kill-step 5
 # ```
 #
 # (The setting on the last line gives each attempt its own rendezvous store: with the

@@ -88,7 +88,7 @@
 # measurements beside the emulator's predictions:
 #
 # ```
-# torchrun --standalone --nproc-per-node 8 gpu_labs/00_collectives.py
+# torchrun --standalone --nproc-per-node 8 -m gpu_labs.00_collectives
 # ```
 #
 # `gpu_labs/README.md` covers several nodes and SLURM. The labs need torch, which `make lab`

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
-LAB = str(ROOT / "gpu_labs" / "07_checkpoint.py")
+LAB = "gpu_labs.07_checkpoint"  # run as torchrun -m runs it, from the course's folder
 pytestmark = pytest.mark.slow
 
 
@@ -21,8 +21,8 @@ def torchrun(n, *flags, restarts=0, share_store=False):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     if not share_store:
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    return subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", str(n), "--max-restarts", str(restarts), LAB,
-                           "--backend", "gloo", *flags], capture_output=True, text=True, env=env, cwd=ROOT,
+    return subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", str(n), "--max-restarts", str(restarts),
+                           "-m", LAB, "--backend", "gloo", *flags], capture_output=True, text=True, env=env, cwd=ROOT,
                           timeout=600)
 
 

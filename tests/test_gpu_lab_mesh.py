@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 def torchrun(n, *flags):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    return subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", str(n), str(ROOT / "gpu_labs" / "06_mesh.py"),
+    return subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", str(n), "-m", "gpu_labs.06_mesh",
                            "--backend", "gloo", *flags], capture_output=True, text=True, env=env, cwd=ROOT,
                           timeout=900)
 

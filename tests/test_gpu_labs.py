@@ -24,8 +24,9 @@ pytestmark = pytest.mark.slow
 
 
 def torchrun(n, lab, *flags):
+    """``lab`` as ``torchrun -m gpu_labs.<lab>`` runs it, from the course's folder."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    return subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", str(n), str(ROOT / "gpu_labs" / lab),
+    return subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", str(n), "-m", f"gpu_labs.{lab}",
                            "--backend", "gloo", *flags], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=600)
 
@@ -37,7 +38,7 @@ def same_calls(lab_file, world):
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_collectives_lab(n, tmp_path):
-    out = torchrun(n, "00_collectives.py", "--sizes", "1e3,1e5", "--iters", "2", "--out", str(tmp_path))
+    out = torchrun(n, "00_collectives", "--sizes", "1e3,1e5", "--iters", "2", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"# {n} ranks, backend gloo" in out.stdout
     rows = [line.split() for line in out.stdout.splitlines() if line.strip().startswith(("all_", "reduce_"))]
@@ -52,36 +53,36 @@ def test_collectives_lab(n, tmp_path):
 # (lab, fault, the start of the message): for every lab a wrong value, a missing piece of the
 # result (an output, a gradient, a parameter) and a missing call must each end the run
 FAULTS = [
-    ("00_collectives.py", "wrong-value", "ring all-reduce from point-to-point calls, against dist.all_reduce, on "
-                                         "rank 1: result differs by"),
-    ("00_collectives.py", "drop-output", "ring all-reduce from point-to-point calls, against dist.all_reduce, on "
-                                         "rank 1: result has shape"),
-    ("00_collectives.py", "drop-call", "the ring all-reduce: the calls differ from the emulator's: rank 1: emulator "
-                                       "made 1 more calls"),
-    ("01_data_parallel.py", "wrong-gradient", "hand-written ZeRO-1: parameters differ from the single-process run "
-                                              "on rank 0"),
-    ("01_data_parallel.py", "drop-parameter", "hand-written ZeRO-1: parameters differ from the single-process run "
-                                              "on rank 0: blocks.0.attn.k.b is missing"),
-    ("01_data_parallel.py", "drop-call", "ZeRO-1: the calls differ from the emulator's: rank 0"),
-    ("02_tensor_parallel.py", "drop-gradient", "by hand on rank 1: grad mlp.fc1.w is None"),
-    ("02_tensor_parallel.py", "wrong-output", "by hand on rank 1: output differs by"),
-    ("02_tensor_parallel.py", "drop-call", "by hand: the calls differ from the emulator's: rank 1"),
-    ("03_pipeline.py", "drop-gradient", "1F1B by hand: the gradients on rank 1:"),
-    ("03_pipeline.py", "wrong-gradient", "1F1B by hand: the gradients on rank 1:"),
-    ("03_pipeline.py", "drop-call", "1F1B by hand: the calls differ from the emulator's: rank 1"),
-    ("04_context_parallel.py", "drop-gradient", "ring attention (causal, zigzag), against attention on the whole "
-                                                "sequence, on rank 1: dk is None"),
-    ("04_context_parallel.py", "wrong-output", "ring attention (causal, zigzag), against attention on the whole "
-                                               "sequence, on rank 1: output differs by"),
-    ("04_context_parallel.py", "drop-call", "ring attention, causal, zigzag: the calls differ from the emulator's"),
-    ("05_expert_parallel.py", "drop-gradient", "expert parallel layer, against the dense layer, on rank 1: gradient "
-                                               "of experts.fc1.w is None"),
-    ("05_expert_parallel.py", "wrong-output", "expert parallel layer, against the dense layer, on rank 1: output "
-                                              "differs by"),
-    ("05_expert_parallel.py", "drop-call", "expert parallel: the calls differ from the emulator's: rank 1"),
+    ("00_collectives", "wrong-value", "ring all-reduce from point-to-point calls, against dist.all_reduce, on "
+                                      "rank 1: result differs by"),
+    ("00_collectives", "drop-output", "ring all-reduce from point-to-point calls, against dist.all_reduce, on "
+                                      "rank 1: result has shape"),
+    ("00_collectives", "drop-call", "the ring all-reduce: the calls differ from the emulator's: rank 1: emulator "
+                                    "made 1 more calls"),
+    ("01_data_parallel", "wrong-gradient", "hand-written ZeRO-1: parameters differ from the single-process run "
+                                           "on rank 0"),
+    ("01_data_parallel", "drop-parameter", "hand-written ZeRO-1: parameters differ from the single-process run "
+                                           "on rank 0: blocks.0.attn.k.b is missing"),
+    ("01_data_parallel", "drop-call", "ZeRO-1: the calls differ from the emulator's: rank 0"),
+    ("02_tensor_parallel", "drop-gradient", "by hand on rank 1: grad mlp.fc1.w is None"),
+    ("02_tensor_parallel", "wrong-output", "by hand on rank 1: output differs by"),
+    ("02_tensor_parallel", "drop-call", "by hand: the calls differ from the emulator's: rank 1"),
+    ("03_pipeline", "drop-gradient", "1F1B by hand: the gradients on rank 1:"),
+    ("03_pipeline", "wrong-gradient", "1F1B by hand: the gradients on rank 1:"),
+    ("03_pipeline", "drop-call", "1F1B by hand: the calls differ from the emulator's: rank 1"),
+    ("04_context_parallel", "drop-gradient", "ring attention (causal, zigzag), against attention on the whole "
+                                             "sequence, on rank 1: dk is None"),
+    ("04_context_parallel", "wrong-output", "ring attention (causal, zigzag), against attention on the whole "
+                                            "sequence, on rank 1: output differs by"),
+    ("04_context_parallel", "drop-call", "ring attention, causal, zigzag: the calls differ from the emulator's"),
+    ("05_expert_parallel", "drop-gradient", "expert parallel layer, against the dense layer, on rank 1: gradient "
+                                            "of experts.fc1.w is None"),
+    ("05_expert_parallel", "wrong-output", "expert parallel layer, against the dense layer, on rank 1: output "
+                                           "differs by"),
+    ("05_expert_parallel", "drop-call", "expert parallel: the calls differ from the emulator's: rank 1"),
 ]
-FAST = {"00_collectives.py": ["--sizes", "1e3", "--iters", "1"], "01_data_parallel.py": ["--steps", "1"],
-        "03_pipeline.py": ["--steps", "1"]}
+FAST = {"00_collectives": ["--sizes", "1e3", "--iters", "1"], "01_data_parallel": ["--steps", "1"],
+        "03_pipeline": ["--steps", "1"]}
 
 
 @pytest.mark.parametrize("lab,fault,message", FAULTS, ids=[f"{l[:2]}-{f}" for l, f, _ in FAULTS])
@@ -99,7 +100,7 @@ V, D, H, FF, L, S = 16, 32, 2, 64, 2, 16
 
 @pytest.mark.parametrize("n,dtype", [(2, "float64"), (4, "float64"), (2, "float32"), (4, "float32")])
 def test_data_parallel_lab(n, dtype, tmp_path):
-    out = torchrun(n, "01_data_parallel.py", "--steps", "2", "--dtype", dtype, "--out", str(tmp_path))
+    out = torchrun(n, "01_data_parallel", "--steps", "2", "--dtype", dtype, "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [line.split() for line in out.stdout.splitlines()
              if line.strip().startswith(("DDP", "ZeRO-", "torch", "FSDP2")) and ": its " not in line]
@@ -132,7 +133,7 @@ def test_data_parallel_lab(n, dtype, tmp_path):
 def test_data_parallel_lab_fails_loudly_in_lower_precision(dtype, fault, tmp_path):
     """float32 still sees one wrong gradient element; in bf16, whose tolerance is above
     what one element's wrong Adam step can move a parameter, a missing parameter."""
-    out = torchrun(2, "01_data_parallel.py", "--steps", "1", "--self-test-fault", fault, "--dtype", dtype, "--out",
+    out = torchrun(2, "01_data_parallel", "--steps", "1", "--self-test-fault", fault, "--dtype", dtype, "--out",
                    str(tmp_path))
     assert out.returncode != 0
     assert "hand-written ZeRO-1: parameters differ from the single-process run" in out.stderr
@@ -148,7 +149,7 @@ def test_calls_comparison_bites():
 
 @pytest.mark.parametrize("n,dtype", [(2, "float64"), (4, "float64"), (2, "float32"), (4, "float32")])
 def test_tensor_parallel_lab(n, dtype, tmp_path):
-    out = torchrun(n, "02_tensor_parallel.py", "--dtype", dtype, "--iters", "2", "--out", str(tmp_path))
+    out = torchrun(n, "02_tensor_parallel", "--dtype", dtype, "--iters", "2", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     for name in ("by hand", "by hand, SP", "DTensor", "DTensor, SequenceParallel"):
         assert f"{name}: output, input gradient and 16 parameter gradients match" in out.stdout, out.stdout
@@ -176,7 +177,7 @@ def test_tensor_parallel_lab(n, dtype, tmp_path):
 def test_pipeline_lab(n, dtype, tmp_path):
     from emulator.parallel import pipeline as pp
 
-    out = torchrun(n, "03_pipeline.py", "--dtype", dtype, "--steps", "1", "--out", str(tmp_path))
+    out = torchrun(n, "03_pipeline", "--dtype", dtype, "--steps", "1", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     for name in ("1F1B by hand", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B"):
         assert f"{name}: loss and all " in out.stdout and "gradients match one process" in out.stdout, out.stdout
@@ -197,7 +198,7 @@ def test_pipeline_lab(n, dtype, tmp_path):
 def test_context_parallel_lab(n, dtype, tmp_path):
     from emulator.parallel import context_parallel as cp
 
-    out = torchrun(n, "04_context_parallel.py", "--dtype", dtype, "--iters", "1", "--out", str(tmp_path))
+    out = torchrun(n, "04_context_parallel", "--dtype", dtype, "--iters", "1", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     for case in ("full, contiguous", "full, zigzag", "causal, contiguous", "causal, zigzag"):
         assert f"ring attention, {case}: output, dq, dk, dv match the whole-sequence attention" in out.stdout
@@ -218,7 +219,7 @@ def test_context_parallel_lab(n, dtype, tmp_path):
 def test_expert_parallel_lab(n, dtype, tmp_path):
     from emulator.parallel import expert_parallel as ep
 
-    out = torchrun(n, "05_expert_parallel.py", "--dtype", dtype, "--iters", "1", "--out", str(tmp_path))
+    out = torchrun(n, "05_expert_parallel", "--dtype", dtype, "--iters", "1", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"expert parallel, dp 1 x ep {n}: output, input gradient and 5 parameter gradients match" in out.stdout
     assert "(median, slowest rank, no expert compute inside) | emulator's model on H100/H200 NVLink" in out.stdout
@@ -240,8 +241,8 @@ def test_expert_parallel_lab(n, dtype, tmp_path):
     same_calls(tmp_path / "05_expert_parallel.calls.json", world)
 
 
-@pytest.mark.parametrize("lab,flag,shape", [("02_tensor_parallel.py", "--tp", "dp 2 x tp 2"),
-                                            ("05_expert_parallel.py", "--ep", "dp 2 x ep 2")])
+@pytest.mark.parametrize("lab,flag,shape", [("02_tensor_parallel", "--tp", "dp 2 x tp 2"),
+                                            ("05_expert_parallel", "--ep", "dp 2 x ep 2")])
 def test_two_axis_mesh(lab, flag, shape, tmp_path):
     """More ranks than one TP/EP group: TP or EP inside the node, DP across (here 2 x 2)."""
     out = torchrun(4, lab, flag, "2", "--iters", "1", "--out", str(tmp_path))
@@ -251,16 +252,16 @@ def test_two_axis_mesh(lab, flag, shape, tmp_path):
 
 
 def test_a_group_size_that_does_not_divide_is_refused(tmp_path):
-    out = torchrun(4, "02_tensor_parallel.py", "--tp", "3", "--iters", "1", "--out", str(tmp_path))
+    out = torchrun(4, "02_tensor_parallel", "--tp", "3", "--iters", "1", "--out", str(tmp_path))
     assert out.returncode != 0
     assert "4 ranks with --tp 3: TP must divide the block's 8 heads and the 4 ranks" in out.stderr
 
 
-BF16 = [("01_data_parallel.py", ["--steps", "1"], "OK: every variant matches"),
-        ("02_tensor_parallel.py", ["--iters", "1"], "OK: the hand-written TP and SP blocks"),
-        ("03_pipeline.py", ["--steps", "1"], "OK: 1F1B by hand"),
-        ("04_context_parallel.py", ["--iters", "1"], "OK: ring attention"),
-        ("05_expert_parallel.py", ["--iters", "1"], "OK: the expert-parallel layer")]
+BF16 = [("01_data_parallel", ["--steps", "1"], "OK: every variant matches"),
+        ("02_tensor_parallel", ["--iters", "1"], "OK: the hand-written TP and SP blocks"),
+        ("03_pipeline", ["--steps", "1"], "OK: 1F1B by hand"),
+        ("04_context_parallel", ["--iters", "1"], "OK: ring attention"),
+        ("05_expert_parallel", ["--iters", "1"], "OK: the expert-parallel layer")]
 
 
 @pytest.mark.parametrize("lab,flags,ok", BF16, ids=[b[0][:2] for b in BF16])
@@ -271,7 +272,7 @@ def test_bfloat16(lab, flags, ok, tmp_path):
 
 
 def test_one_rank_says_the_comparisons_are_empty(tmp_path):
-    out = torchrun(1, "04_context_parallel.py", "--iters", "1", "--out", str(tmp_path))
+    out = torchrun(1, "04_context_parallel", "--iters", "1", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("no calls on either side (1 rank(s)): the comparison of calls is empty") == 4
     assert "one rank: nothing travels, so there is no overlap to measure" in out.stdout
@@ -279,10 +280,10 @@ def test_one_rank_says_the_comparisons_are_empty(tmp_path):
 
 
 def test_the_labs_say_which_backend_and_device_ran(tmp_path):
-    out = torchrun(2, "00_collectives.py", "--sizes", "1e3", "--iters", "1", "--out", str(tmp_path))
+    out = torchrun(2, "00_collectives", "--sizes", "1e3", "--iters", "1", "--out", str(tmp_path))
     assert "backend gloo (--backend gloo), device CPU" in out.stdout
     assert "torch's context_parallel: not run: it needs CUDA" in torchrun(
-        2, "04_context_parallel.py", "--iters", "1", "--out", str(tmp_path)).stdout
+        2, "04_context_parallel", "--iters", "1", "--out", str(tmp_path)).stdout
 
 
 def test_a_stalled_rank_ends_the_run_after_the_timeout(tmp_path):
@@ -292,7 +293,7 @@ def test_a_stalled_rank_ends_the_run_after_the_timeout(tmp_path):
     import time
 
     start = time.monotonic()
-    out = torchrun(2, "00_collectives.py", "--sizes", "1e3", "--iters", "1", "--timeout", "5",
+    out = torchrun(2, "00_collectives", "--sizes", "1e3", "--iters", "1", "--timeout", "5",
                    "--self-test-fault", "stall", "--out", str(tmp_path))
     assert out.returncode != 0
     assert "Timed out" in out.stderr or "timed out" in out.stderr, out.stderr[-2000:]

@@ -55,7 +55,8 @@ def test_the_wheel_installs_without_torch_and_runs_the_planner(tmp_path):
     assert wheel.name.startswith(f"parallelism_from_scratch-{emulator.__version__}-py3-none-any")
     with zipfile.ZipFile(wheel) as z:
         tops = {n.split("/")[0] for n in z.namelist()}
-        assert tops == {"emulator", f"parallelism_from_scratch-{emulator.__version__}.dist-info"}, tops
+        assert tops == {"emulator", "gpu_labs", f"parallelism_from_scratch-{emulator.__version__}.dist-info"}, tops
+        assert "gpu_labs/06_mesh.py" in z.namelist() and "gpu_labs/torch_parallel/ddp.py" in z.namelist()
         assert any(n.endswith(".dist-info/licenses/LICENSE") for n in z.namelist())
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", venv])
@@ -68,6 +69,9 @@ def test_the_wheel_installs_without_torch_and_runs_the_planner(tmp_path):
     assert out.startswith("Llama 3 70B (70.6B parameters) on H100") and "\n 1 " in out, out[:2000]
     where = run([py, "-c", "import emulator.planner, emulator; print(emulator.__file__)"], cwd=tmp_path)
     assert where.strip().startswith(str(venv)), where  # the installed copy, not this checkout
+    lab = run([py, "-c", "import importlib.util; print(importlib.util.find_spec('gpu_labs.06_mesh').origin)"],
+              cwd=tmp_path)  # what `torchrun -m gpu_labs.06_mesh` runs from any folder (no torch to run it here)
+    assert lab.strip().startswith(str(venv)), lab
     assert run([bin_ / "pfs-planner", "--version"]).strip() == f"pfs-planner {emulator.__version__}"
 
 

@@ -2,18 +2,13 @@
 a comparison of nothing fails, a correct answer computed another way passes; and the
 backend choice refuses a node with fewer GPUs than ranks instead of falling back."""
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "gpu_labs"))
-from checks import calls_verdict, differences, error  # noqa: E402
-from common import TOLERANCE, choose_backend  # noqa: E402
-
-from emulator.records.calls import Call  # noqa: E402
+from emulator.records.calls import Call
+from gpu_labs.checks import calls_verdict, differences, error
+from gpu_labs.common import TOLERANCE, choose_backend
 
 
 def grads(seed=0, n=3):

@@ -4,13 +4,10 @@ CPU, against single-process training."""
 
 import os
 import socket
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
@@ -66,10 +63,10 @@ def reference(kind, opt_cls, **kw):
 
 
 def worker(rank, n, port, queue):
-    sys.path.insert(0, str(ROOT / "gpu_labs"))
     import torch.distributed as dist
-    from torch_parallel.ddp import DDP
-    from torch_parallel.sharded_optimizer import ShardedOptimizer
+
+    from gpu_labs.torch_parallel.ddp import DDP
+    from gpu_labs.torch_parallel.sharded_optimizer import ShardedOptimizer
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
@@ -160,9 +157,9 @@ def harness_worker(rank, world_size, port, bucket_size_mb):
     with the DDP class and comparing each with one process."""
     import copy
 
-    sys.path.insert(0, str(ROOT / "gpu_labs"))
     import torch.distributed as dist
-    from torch_parallel.ddp import DDP
+
+    from gpu_labs.torch_parallel.ddp import DDP
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)

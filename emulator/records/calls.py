@@ -9,7 +9,7 @@ for point to point, whether blocking, ``isend``/``irecv`` or inside
 the array the rank passed in (for all_gather its shard, for reduce_scatter the full
 input, for recv the buffer); ``peer`` is the other global rank of a point-to-point call.
 
-``world.calls`` gives the emulator's; ``gpu_labs/trace.py`` records the same for
+``world.calls`` gives the emulator's; ``gpu_labs/call_trace.py`` records the same for
 ``torch.distributed``; :func:`compare` says where two such traces first differ, so a test
 can assert that a lab and its lesson ran one algorithm.
 """

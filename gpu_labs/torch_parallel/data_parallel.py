@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from common import all_gather_into_tensor
+from ..common import all_gather_into_tensor
 from emulator.nn.module import sub
 
 

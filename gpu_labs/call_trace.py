@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from common import all_gather_into_tensor, reduce_scatter_tensor
+from .common import all_gather_into_tensor, reduce_scatter_tensor
 from emulator.cost import BUS_FACTOR
 from emulator.records.calls import Call, save
 
