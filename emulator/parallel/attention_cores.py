@@ -236,7 +236,8 @@ def _ring_steps(s, ctx, rank, forward):
     for t in range(c):
         src = (rank - t) % c
         kernels = tuple(Attention(f"attention: ring step {t}", b * h, 1, r.stop - r.start, q.stop - q.start, dh,
-                                  passes, 1.0, dt) for r, q, _ in blocks(rank, src, c, n, s.causal, s.cp_layout))
+                                  passes, 1.0, dt) for r, q, _ in blocks(rank, src, c, n, s.causal, s.cp_layout,
+                                                                            masks=False))
         out.append((kernels, kv))
     return tuple(out)
 

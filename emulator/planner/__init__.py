@@ -14,7 +14,8 @@ Modules: ``models`` (:class:`ModelSpec`, published presets), ``hf_config`` (a Hu
 Face ``config.json`` as a :class:`ModelSpec`: :func:`model_from_hf_config`), ``cluster``
 (:class:`Cluster`, presets), ``layers`` (what one rank's layers hold and do), ``memory`` (each rank's peak,
 by kind), ``timing`` (layer passes, the pipeline, the data-parallel tail), ``comm`` (the
-table per axis), ``evaluate``, ``ranking`` (:func:`search`), ``run`` (a plan on the emulator, predicted
+table per axis), ``evaluate``, ``ranking`` (:func:`search`), ``exhaustive`` (:func:`exhaustive_search`: every
+setting, proven bounds; exact and slow), ``run`` (a plan on the emulator, predicted
 beside measured), ``published`` (published runs, with sources). ``pfs-planner --help``
 (or ``python -m emulator.planner --help``) is the command line.
 """
@@ -25,8 +26,9 @@ from .models import ModelSpec, model_preset
 from .hf_config import model_from_hf_config
 from .layers import inventory
 from .ranking import Rejected, enumerate_plans, search
+from .exhaustive import exhaustive_search
 from .run import PlanRun, run_plan
 from .tradeoff import mesh_tradeoff
 
-__all__ = ["evaluate", "search", "model_preset", "cluster_preset", "ModelSpec", "Cluster", "Estimate", "Rejected",
+__all__ = ["evaluate", "search", "exhaustive_search", "model_preset", "cluster_preset", "ModelSpec", "Cluster", "Estimate", "Rejected",
            "enumerate_plans", "run_plan", "PlanRun", "inventory", "mesh_tradeoff", "model_from_hf_config"]

@@ -31,9 +31,10 @@ from ...machine.kernels import attention as attention_kernel
 from .online_softmax import OnlineSoftmax
 
 
-def blocks(rank, src, size, n_local, causal, layout):
+def blocks(rank, src, size, n_local, causal, layout, masks=True):
     """The score blocks rank ``rank`` computes against the K/V of rank ``src``: a list of
-    (query rows, key rows, mask or None) with rows as slices of the local shards."""
+    (query rows, key rows, mask or None) with rows as slices of the local shards
+    (``masks=False``: None for every mask, for a caller that needs only the blocks' shapes)."""
     out = []
     q_pieces, k_pieces = chunks_of(rank, size, n_local, layout), chunks_of(src, size, n_local, layout)
     q_off = 0
@@ -44,7 +45,8 @@ def blocks(rank, src, size, n_local, causal, layout):
             if not causal or ks + kn - 1 <= qs:
                 out.append((rows, cols, None))  # every key at or before every query
             elif ks <= qs + qn - 1:
-                out.append((rows, cols, np.arange(ks, ks + kn)[None, :] <= np.arange(qs, qs + qn)[:, None]))
+                out.append((rows, cols, (np.arange(ks, ks + kn)[None, :] <= np.arange(qs, qs + qn)[:, None])
+                            if masks else None))
             k_off += kn
         q_off += qn
     return out
