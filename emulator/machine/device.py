@@ -38,6 +38,7 @@ Nothing here was fitted to a training run's throughput.
 """
 
 import math
+from functools import lru_cache
 import numbers
 from dataclasses import dataclass, field
 
@@ -136,8 +137,7 @@ class Device:
             return 0.0
         m, n, k = kernel.shape
         count = max(1, round(kernel.flops / (2.0 * m * n * k)))  # a batch of products: one kernel
-        t = gemm_model(self, m, n, k, count, kernel.nbytes)
-        return t * _sweep_correction(self, m, n, k) if self.rates.sweep else t
+        return _gemm_seconds(self, m, n, k, count, kernel.nbytes)
 
     def attention_rate(self, pass_, head_dim, s_k, masked):
         """FLOP/s of a FlashAttention kernel: ``R(d) s / (s + s_half(d))`` (module docstring)."""
@@ -260,3 +260,11 @@ def _interpolate(table, d):
     lo = dims[dims.index(hi) - 1]
     w = (d - lo) / (hi - lo)
     return tuple((1 - w) * a + w * b for a, b in zip(table[lo], table[hi]))
+
+
+@lru_cache(maxsize=1 << 16)
+def _gemm_seconds(device, m, n, k, count, nbytes):
+    """A GEMM's seconds on ``device``: a pure function of its shape, so computed once per
+    shape (the planner asks for the same shapes under many kernel names)."""
+    t = gemm_model(device, m, n, k, count, nbytes)
+    return t * _sweep_correction(device, m, n, k) if device.rates.sweep else t

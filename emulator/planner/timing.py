@@ -197,7 +197,7 @@ class Timer:
         return p2p_time(nbytes, r_src * per_stage, r_dst * per_stage, self.topology)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1 << 16)
 def _kernel_time(device, kernel):
     return device.time(kernel)
 
