@@ -31,7 +31,7 @@ from .evaluate import evaluate, structural_problems
 from .layers import rank_layers, split_names
 from .memory import _actions, byte_sizes, padded, stage_peaks, walked_micro_batches
 from .precision_of import plan_context
-from .ranking import Rejected, divisors, enumerate_plans
+from .ranking import Rejected, best_first, divisors, enumerate_plans
 from .timing import Timer, layer_times
 
 
@@ -413,11 +413,11 @@ def exhaustive_search(model, cluster, seq_len, global_batch_tokens, top=10, para
         dims = ParallelDims(**kw)
         problems = structural_problems(model, cluster, dims, seq_len, global_batch_tokens)
         if problems:
-            rej.append(Rejected(dims.dp, dims.tp, dims.pp, dims.cp, dims.ep, f"{dims}: " + "; ".join(problems)))
+            rej.append(Rejected.of(dims, f"{dims}: " + "; ".join(problems)))
             continue
         peak = _peak(model, dims, seq_len, batch, ctx)
         if peak > cluster.hbm_bytes:
-            rej.append(Rejected(dims.dp, dims.tp, dims.pp, dims.cp, dims.ep, f"{dims}: does not fit: needs "
+            rej.append(Rejected.of(dims, f"{dims}: does not fit: needs "
                                 f"{peak / 1e9:.1f} GB, HBM has {cluster.hbm_bytes / 1e9:.0f} GB"))
             continue
         est = evaluate(model, cluster, dims, seq_len, global_batch_tokens, stack=ctx.stack, precision=ctx.precision)
@@ -426,8 +426,5 @@ def exhaustive_search(model, cluster, seq_len, global_batch_tokens, top=10, para
             ranked.append((dims, est))
             insort(steps, est.step_time)
         else:
-            rej.append(Rejected(dims.dp, dims.tp, dims.pp, dims.cp, dims.ep, "; ".join(est.problems)))
-    ranked.sort(key=lambda de: -de[1].tokens_per_s_per_gpu)
-    if rejected is not None:
-        rejected.extend(rej)
-    return ranked[:top]
+            rej.append(Rejected.of(dims, "; ".join(est.problems)))
+    return best_first(ranked, rej, rejected, top)

@@ -38,6 +38,20 @@ class Rejected:
     def __str__(self):
         return f"dp={self.dp} tp={self.tp} pp={self.pp} cp={self.cp} ep={self.ep}: {self.reason}"
 
+    @classmethod
+    def of(cls, dims, reason):
+        """The rejection of plan ``dims`` (a ParallelDims) for ``reason``."""
+        return cls(dims.dp, dims.tp, dims.pp, dims.cp, dims.ep, reason)
+
+
+def best_first(ranked, rej, rejected, top):
+    """The ``top`` of ``ranked`` ((dims, Estimate) pairs) by throughput, best first; the
+    rejections ``rej`` go to the caller's list ``rejected`` where one was passed."""
+    ranked.sort(key=lambda de: -de[1].tokens_per_s_per_gpu)
+    if rejected is not None:
+        rejected.extend(rej)
+    return ranked[:top]
+
 
 def divisors(n):
     return [d for d in range(1, n + 1) if n % d == 0]
@@ -195,8 +209,5 @@ def search(model, cluster, seq_len, global_batch_tokens, top=10, param_bytes=Non
         if est.valid:
             ranked.append((dims, est))
         else:
-            rej.append(Rejected(dims.dp, dims.tp, dims.pp, dims.cp, dims.ep, "; ".join(est.problems)))
-    ranked.sort(key=lambda de: -de[1].tokens_per_s_per_gpu)
-    if rejected is not None:
-        rejected.extend(rej)
-    return ranked[:top]
+            rej.append(Rejected.of(dims, "; ".join(est.problems)))
+    return best_first(ranked, rej, rejected, top)
