@@ -1,0 +1,278 @@
+"""Bounds on a plan's step time and memory that the planner's ``evaluate`` never goes
+below, computed in closed form from its layers, for the exhaustive search
+(:mod:`.exhaustive`) to prune with: :func:`step_bound` and :func:`memory_bound`, each with
+its argument in its docstring; :class:`Factorisation` holds what one factorisation's settings
+share (its layers' kinds and their times)."""
+
+from functools import lru_cache
+from ..machine import elementwise
+from ..parallel.dims import ParallelDims
+from ..parallel.mesh_hooks import uses_distributed_optimizer
+from ..parallel.pipeline.actions import stage_of
+from .layers import split_names
+from .memory import _actions, byte_sizes, padded, walked_micro_batches
+from .timing import Timer, layer_times
+
+KINDS = ("embed", "blocks.0", "head")  # a stage's layers are these three kinds, counted
+
+
+def _chunk_counts(n_layers, p, v):
+    """``[rank][chunk] -> (embeds, blocks, heads)``: the layers of each of a rank's chunks."""
+    names = split_names(n_layers, p * v)
+    out = []
+    for r in range(p):
+        row = []
+        for c in range(v):
+            stage = names[stage_of(p, r, c)]
+            e, h = stage.count("embed"), stage.count("head")
+            row.append((e, len(stage) - e - h, h))
+        out.append(tuple(row))
+    return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def _memory_rows(name, p, m, v, n_layers):
+    """For the memory bound of every rank: ``(layers held, layers' activations kept)`` as
+    3-vectors of (embeds, blocks, heads), the second summed over the forwards a rank runs
+    before its first backward (the walk :func:`~emulator.planner.memory.stage_peaks`
+    takes: GPipe all m, the others their first ``walked_micro_batches(p)``); rows that
+    another row bounds in both are dropped."""
+    counts = _chunk_counts(n_layers, p, v)
+    if name == "gpipe":
+        before = [[m] * v for _ in range(p)]
+    else:
+        acts = _actions(name, p, min(m, walked_micro_batches(p)), v)
+        before = []
+        for r in range(p):
+            row = [0] * v
+            for kind, c in acts[r]:
+                if kind != "F":
+                    break
+                row[c] += 1
+            before.append(row)
+    rows = set()
+    for r in range(p):
+        held = tuple(sum(counts[r][c][k] for c in range(v)) for k in range(3))
+        kept = tuple(sum(before[r][c] * counts[r][c][k] for c in range(v)) for k in range(3))
+        rows.add(held + kept)
+    return tuple(x for x in rows if not any(y != x and all(a <= b for a, b in zip(x, y)) for y in rows))
+
+
+@lru_cache(maxsize=4096)
+def _time_rows(p, v, n_layers):
+    """Per rank: (its layers over every chunk, the layers of stages 0..r-1 of chunk 0 that
+    its first forward waits for, the layers of its chunk-0 stage) as 3-vectors."""
+    counts = _chunk_counts(n_layers, p, v)
+    out, chain = [], (0, 0, 0)
+    for r in range(p):
+        held = tuple(sum(counts[r][c][k] for c in range(v)) for k in range(3))
+        out.append((held, chain, counts[r][0]))
+        chain = tuple(a + b for a, b in zip(chain, counts[r][0]))
+    return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def _time_classes(p, v, n_layers):
+    """:func:`_time_rows` for stages timed alike: per distinct set of layers a rank holds,
+    the longest chain of its ranks (the last: chains only grow with r); and (rank 0's
+    layers, the last rank's, the chain of stages 0..p-2)."""
+    rows = _time_rows(p, v, n_layers)
+    last = {}
+    for held, chain, _ in rows:
+        last[held] = chain
+    return tuple(last.items()), (rows[0][0], rows[-1][0], rows[-1][1])
+
+
+@lru_cache(maxsize=64)
+def _ends_with_backward(name, p, v):
+    """Whether the last rank's last action is a backward (its chain runs back to stage 0)."""
+    return _actions(name, p, (v + 1) * p, v)[p - 1][-1][0] == "B"
+
+
+def _dot(a, b):
+    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
+
+
+class Factorisation:
+    """One factorisation's fixed parts: its timer, groups and stages' keys."""
+
+    def __init__(self, model, cluster, base, ctx):
+        dp, tp, pp, cp, ep = base
+        self.model, self.ctx, self.base = model, ctx, base
+        self.dims = ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=tp > 1)
+        self.timer = Timer(cluster, self.dims, ctx.stack)
+        keys = [self.timer.stage_key(r) for r in range(pp)]
+        self.reps = sorted(set(keys))  # one representative rank per key (the key is the rank or 0)
+        self.key_of = [self.reps.index(k) for k in keys]
+        self.groups = {"dense": dp * cp, "experts": dp * cp // ep}
+        self.sizes = byte_sizes(ctx)
+        self.distributed = uses_distributed_optimizer(ctx.stack, 1)
+        self.prefetch = ctx.stack.fsdp_prefetch
+        self._opt = {}
+
+    def static(self, kinds, z):
+        """Per kind: bytes of parameters and optimizer state a rank holds (``Units``'s sums)."""
+        s = self.sizes
+        out = []
+        for x in kinds:
+            t = 0
+            for group, elems in x.params.items():
+                if elems:
+                    mine = padded(elems, self.groups[group]) // self.groups[group]
+                    t += (mine if z == 3 else elems) * s["params"] + (elems if z == 0 else mine) * s["optimizer"]
+            out.append(t)
+        return out
+
+    def updated(self, kinds, z):
+        """Per kind: elements the optimizer updates (``_optimizer_seconds``'s count)."""
+        out = []
+        for x in kinds:
+            n = 0
+            for group, elems in x.params.items():
+                size = self.groups[group]
+                n += elems if (z == 0 or size == 1) else -(-elems // size)
+            out.append(n)
+        return out
+
+    def optimizer(self, n, key):
+        hit = self._opt.get((n, key))
+        if hit is None:
+            kernels = elementwise.optimizer_update(self.ctx.stack, n, self.ctx.precision, self.ctx.array)
+            hit = self._opt[(n, key)] = self.timer.ops(kernels, self.reps[key])
+        return hit
+
+    def times(self, kinds, recompute, m):
+        """Per stage key, per kind: layer_times under ZeRO-3 (its gather and reduce-scatter
+        priced) and 1F1B, and the bulk overlap's saving (which ZB-H1 does not take)."""
+        dims = self.dims.replace(zero_stage=3, recompute=recompute, micro_batches=m)
+        out = []
+        for r in self.reps:
+            g = self.timer.groups(r)
+            # what layer_times reads of the plan: the groups that time the layer's ops and its
+            # strategy's collectives, tp, the recomputation (the stack and cluster are the search's)
+            key = ("bound", self.timer.topology, g["tp"], g["cp"], g["ep"], g["dp,cp"], g["edp"], recompute, self.dims.tp)
+            row = []
+            for x in kinds:
+                hit = x.times.get(key)
+                if hit is None:
+                    t = layer_times(self.timer, x, r, dims, self.ctx)
+                    saved = self.timer.bulk_saving(x, r) if x.name == "block" else 0.0
+                    hit = x.times[key] = (t, saved)
+                row.append(hit)
+            out.append(row)
+        return out
+
+    def tails(self, kinds, z, key):
+        """Per kind: the data-parallel tail :func:`~emulator.planner.comm.dp_tail` adds in
+        closed form (ZeRO-1 without the distributed optimizer, ZeRO-2); 0 where it replays."""
+        if z not in (1, 2) or (z == 1 and self.distributed):
+            return (0.0, 0.0, 0.0)
+        r, s, groups = self.reps[key], self.sizes, self.timer.groups(self.reps[key])
+        out = []
+        for x in kinds:
+            t = 0.0
+            for group, elems in x.params.items():
+                axis = "dp,cp" if group == "dense" else "edp"
+                n = len(groups[axis])
+                if elems and n > 1:
+                    full = padded(elems, n)
+                    if z == 1:
+                        t += self.timer.op(("c", "reduce_scatter", full * s["reduce"], axis), r)
+                    t += self.timer.op(("c", "all_gather", full * s["gather"], axis), r)
+            out.append(t)
+        return tuple(out)
+
+
+def _pass_bounds(times, z, sched, prefetch):
+    """Per kind, ``(F, B, host F, host B, host-bound)``: seconds no action can take less of
+    per micro-batch and layer of the kind, for ZeRO stage ``z`` and schedule ``sched``, from
+    :meth:`Factorisation.times`; and whether its host issues slower than its GPU computes (as
+    ``evaluate`` tests it). The argument, as :func:`~emulator.planner.timing.action_durations`
+    builds the actions: a forward takes its layers' ``F``, plus each layer's gather under
+    ZeRO-3 without prefetch and with an unsplit backward (whose layers are never still
+    gathered); an unsplit backward their ``B`` (holding ``rs`` from ZeRO-2 on) plus the same
+    gather; ZB-H1's split ``Bs`` and ``W`` sum to ``B`` without the bulk saving; FSDP's
+    prefetch leaves each layer's compute (``F``; ``B`` less ``rs``) and adds what outlasts it."""
+    out = []
+    for t, saved in times:
+        f, b = t["F"], t["B"] - (t["rs"] if z < 2 else 0.0) + (saved if sched == "zb_h1" else 0.0)
+        host_bound = t["host F"] > f or t["host B"] > b
+        if z == 3:
+            if prefetch:
+                b -= t["rs"]
+            elif sched != "zb_h1":
+                f += t["ag"]
+                b += t["ag"]
+        out.append((f, b, t["host F"], t["host B"], host_bound))
+    return out
+
+
+def step_bound(part, kinds, times, z, sched, v, m):
+    """A lower bound on :func:`~emulator.planner.evaluate`'s ``step_time`` for the plan.
+
+    ``evaluate``'s step is ``max_r (end_r + tail_r + optimizer_r)``: rank r's pipeline end,
+    its data-parallel tail (>= 0; here its closed form where ``dp_tail`` has one, else 0)
+    and its optimizer update (here exactly). :func:`~emulator.planner.timing.simulate` runs
+    each rank's actions one after another, each no earlier than its input arrives, so:
+
+    1. ``end_r >= Fchain_r + m W_r``: rank r's first action waits for micro-batch 0's
+       forward through stages 0..r-1 of chunk 0 (hops >= 0), and its m micro-batches'
+       actions take at least ``W_r`` each (:func:`_pass_bounds`, over its layers);
+    2. ``end_0 >= Fchain_{p-1} + m W_{p-1} + Bchain_{p-1}`` where the last rank's last
+       action is a backward: rank 0's backward of that micro-batch waits for it and for its
+       backward through stages p-2..0 of chunk 0 (each at least its ``B``);
+    3. ``end_r >= m H_r``, the host's seconds to issue them (an action ends no earlier than
+       its host has issued it), where ``evaluate`` plays every micro-batch.
+
+    Where ``evaluate`` plays ``cap = (v + 1) p`` and ``cap + p`` micro-batches and extends
+    the line (``m > cap + p``, no pass host-bound), its premise is the steady state: each
+    micro-batch past the ramp adds the same time T to every rank; in T each rank runs one
+    micro-batch's actions, so ``T >= max_r W_r``. 1 and 2 hold for the ``cap`` played, and
+    each of the ``m - cap`` added micro-batches adds at least the ``W`` they count."""
+    p = part.dims.pp
+    passes = [_pass_bounds(row, z, sched, part.prefetch) for row in times]
+    rows = _time_rows(p, v, part.model.n_layers)
+    host_bound = any(passes[part.key_of[r]][k][4] for r, (held, _, _) in enumerate(rows) for k in range(3) if held[k])
+    played = m <= (v + 2) * p or host_bound
+    upd = part.updated(kinds, z)
+    if len(part.reps) == 1:  # every stage timed alike: the ranks that hold alike, the last of them (longest chain)
+        ps = passes[0]
+        f, b = [x[0] for x in ps], [x[1] for x in ps]
+        w, h = [x[0] + x[1] for x in ps], [x[2] + x[3] for x in ps]
+        tails = part.tails(kinds, z, 0)
+        best = 0.0
+        classes, (held_first, held_last, chain_last) = _time_classes(p, v, part.model.n_layers)
+        for held, chain in classes:
+            g = _dot(chain, f) + m * _dot(held, w)
+            if played:
+                g = max(g, m * _dot(held, h))
+            best = max(best, g + part.optimizer(_dot(held, upd), 0) + _dot(held, tails))
+        if p > 1 and _ends_with_backward(sched, p, v):
+            best = max(best, _dot(chain_last, w) + m * _dot(held_last, w) + part.optimizer(_dot(held_first, upd), 0)
+                       + _dot(held_first, tails))
+        return best
+    best = f_chain = b_chain = 0.0
+    extra = []
+    for r, (held, _, first) in enumerate(rows):
+        key = part.key_of[r]
+        ps = passes[key]
+        gpu = f_chain + m * sum(n * (x[0] + x[1]) for n, x in zip(held, ps))
+        g = max(gpu, m * sum(n * (x[2] + x[3]) for n, x in zip(held, ps))) if played else gpu
+        extra.append(part.optimizer(_dot(held, upd), key) + _dot(held, part.tails(kinds, z, key)))
+        best = max(best, g + extra[-1])
+        if r < p - 1:
+            f_chain += sum(n * x[0] for n, x in zip(first, ps))
+            b_chain += sum(n * x[1] for n, x in zip(first, ps))
+    if p > 1 and _ends_with_backward(sched, p, v):
+        best = max(best, gpu + b_chain + extra[0])
+    return best
+
+
+def memory_bound(part, kinds, z, sched, v, m, full):
+    """A lower bound on :func:`~emulator.planner.memory.stage_peaks`'s worst rank: its
+    parameters and optimizer state (held all step) and, when its first backward starts,
+    what the forwards before it keep (no gradient held yet; buffers >= 0)."""
+    static = part.static(kinds, z)
+    kept = [x.input if full else x.kept for x in kinds]
+    return max(_dot(row[:3], static) + _dot(row[3:], kept) for row in _memory_rows(sched, part.dims.pp, m, v,
+                                                                                       part.model.n_layers))
