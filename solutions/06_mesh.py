@@ -24,7 +24,7 @@ from emulator.parallel import ParallelDims, run_on_mesh
 from emulator.planner import (ModelSpec, cluster_preset, evaluate, exhaustive_search, inventory,
                               mesh_tradeoff as claims, model_preset, run_plan, search)
 from emulator.planner.pictures import breakdown_bars, mesh_layout, published_plot
-from emulator.planner.published import RUNS, fastest_fitting, predict, why_off
+from emulator.planner.published import RUNS, TARGET, fastest_fitting, predict, why_off
 from emulator.training import synthetic_batches, train_single
 from emulator.grading import lesson06 as grade
 from emulator.notebook import setup
@@ -527,12 +527,12 @@ for run in RUNS:
     e, tf = predict(run)
     rows.append((run.source, run.tflops_per_gpu, tf))
     predictions.append((run, e, tf))
-    off = abs(tf / run.tflops_per_gpu - 1) > 0.15
+    off = abs(tf / run.tflops_per_gpu - 1) > TARGET
     print(f"{run.model:20s} {run.gpus:6,d} GPUs, {run.stack:13s}: published {run.tflops_per_gpu:5.1f}, predicted "
           f"{tf:5.1f} ({tf / run.tflops_per_gpu - 1:+.1%})" + ("  *" if off else ""))
 published_plot(rows)
 plt.show()
-print(f"{sum(abs(q / p - 1) <= 0.15 for _, p, q in rows)} of {len(rows)} within 15%")
+print(f"{sum(abs(q / p - 1) <= TARGET for _, p, q in rows)} of {len(rows)} within {TARGET:.0%}")
 
 # %% [markdown]
 # Eighteen of the 22 rows are within 15%, and the four outside it are all too fast: the

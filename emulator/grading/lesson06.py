@@ -89,7 +89,8 @@ MEMORY_MISTAKES = {
                                    "the ep ranks of a group hold different experts"),
     "grads bf16": ("grads", "gradients are fp32, 4 bytes per element (Megatron's main_grad under --bf16), not "
                             "the weights' 2"),
-    "grads sharded": ("grads", "below ZeRO-2 every rank keeps all of its gradients (ZeRO-1 shards only the optimizer state)"),
+    "grads sharded": ("grads", "below ZeRO-2 every rank keeps all of its gradients (ZeRO-1 shards only the "
+                               "optimizer state)"),
     "grads unsharded": ("grads", "ZeRO-2 and ZeRO-3 shard the gradients too: 1/n of them per rank"),
     "optimizer unsharded": ("optimizer", "ZeRO-1, 2 and 3 keep 12 bytes of Adam's state per element of their "
                                          "1/n slice"),
@@ -125,10 +126,12 @@ def _close(a, b):
 
 def _memory_hint(kind, got, layers, dims, rank):
     """What the answer's ``kind`` matches, among the named mistakes (empty if none)."""
-    right = memory_model(layers, dims, rank)
-    said = [say for mistake, (of, say) in MEMORY_MISTAKES.items()
-            if of in (None, kind) and not _close(memory_model(layers, dims, rank, mistake)[kind], right[kind])
-            and _close(got, memory_model(layers, dims, rank, mistake)[kind])]
+    right = memory_model(layers, dims, rank)[kind]
+    said = []
+    for mistake, (of, say) in MEMORY_MISTAKES.items():
+        wrong = memory_model(layers, dims, rank, mistake)[kind]
+        if of in (None, kind) and not _close(wrong, right) and _close(got, wrong):
+            said.append(say)
     if said:  # some mistakes give the same number on a plan: name each
         return "; " + "; or ".join(said)
     return {"params": "; bf16 weights, 2 bytes per element, 1/n of them only under ZeRO-3",

@@ -30,5 +30,5 @@ from .exhaustive import exhaustive_search
 from .run import PlanRun, run_plan
 from .tradeoff import mesh_tradeoff
 
-__all__ = ["evaluate", "search", "exhaustive_search", "model_preset", "cluster_preset", "ModelSpec", "Cluster", "Estimate", "Rejected",
-           "enumerate_plans", "run_plan", "PlanRun", "inventory", "mesh_tradeoff", "model_from_hf_config"]
+__all__ = ["evaluate", "search", "exhaustive_search", "model_preset", "cluster_preset", "ModelSpec", "Cluster",
+           "Estimate", "Rejected", "enumerate_plans", "run_plan", "PlanRun", "inventory", "mesh_tradeoff", "model_from_hf_config"]

@@ -150,7 +150,8 @@ class Factorisation:
             g = self.timer.groups(r)
             # what layer_times reads of the plan: the groups that time the layer's ops and its
             # strategy's collectives, tp, the recomputation (the stack and cluster are the search's)
-            key = ("bound", self.timer.topology, g["tp"], g["cp"], g["ep"], g["dp,cp"], g["edp"], recompute, self.dims.tp)
+            key = ("bound", self.timer.topology, g["tp"], g["cp"], g["ep"], g["dp,cp"], g["edp"], recompute,
+                   self.dims.tp)
             row = []
             for x in kinds:
                 hit = x.times.get(key)
