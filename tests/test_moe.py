@@ -182,7 +182,7 @@ def test_capacity_ignores_float_noise_in_the_factor():
 @pytest.mark.parametrize("t", [1, 2, 4])
 @pytest.mark.parametrize("cf", [None, 1.0])
 def test_tensor_parallel_experts_equal_one_device(t, cf):
-    from emulator.parallel.moe_alternatives import shard_experts_tp, tp_moe_forward
+    from emulator.parallel.expert_parallel.alternatives import shard_experts_tp, tp_moe_forward
 
     moe, p = layer(8, 2, cf)
     x = np.random.default_rng(4).standard_normal((24, 8))
@@ -197,7 +197,7 @@ def test_tensor_parallel_experts_equal_one_device(t, cf):
 
 @pytest.mark.parametrize("nodes, per_node", [(2, 4), (3, 2), (1, 4)])
 def test_two_hop_all_to_all_equals_the_flat_one(nodes, per_node):
-    from emulator.parallel.moe_alternatives import hierarchical_all_to_all
+    from emulator.parallel.expert_parallel.alternatives import hierarchical_all_to_all
 
     n = nodes * per_node
     chunks = [[np.full(3, 100.0 * src + dst) for dst in range(n)] for src in range(n)]
@@ -243,7 +243,7 @@ def test_two_hop_all_to_all_crosses_the_nics_first_then_nvlink(nodes, per_node):
     NVLink): every cross-node message of the first hop goes between GPUs of one local index,
     and ends before the second hop, all on NVLink, starts."""
     from emulator import Topology
-    from emulator.parallel.moe_alternatives import hierarchical_all_to_all
+    from emulator.parallel.expert_parallel.alternatives import hierarchical_all_to_all
 
     n = nodes * per_node
     chunks = [[np.full(5, 100.0 * src + dst) for dst in range(n)] for src in range(n)]
@@ -277,7 +277,7 @@ def random_dispatch(n, tokens, k, seed, max_nodes=None, per_node=4):
                                                          (2, 4, 0, 2)])
 def test_two_hop_dispatch_delivers_what_the_flat_one_does_crossing_each_node_once(nodes, per_node, tokens, k):
     from emulator import Topology
-    from emulator.parallel.moe_alternatives import flat_dispatch, two_hop_dispatch
+    from emulator.parallel.expert_parallel.alternatives import flat_dispatch, two_hop_dispatch
 
     n = nodes * per_node
     xs, dests = random_dispatch(n, tokens, k, seed=n + tokens, per_node=per_node)
@@ -307,7 +307,7 @@ def test_node_limited_routing_bounds_what_crosses_the_nics():
     NICs at most once per remote node, the flat one once per remote GPU; with bytes large
     enough, the two-hop dispatch finishes first."""
     from emulator import Topology
-    from emulator.parallel.moe_alternatives import flat_dispatch, two_hop_dispatch
+    from emulator.parallel.expert_parallel.alternatives import flat_dispatch, two_hop_dispatch
 
     n, per_node, tokens = 16, 4, 64
     xs, dests = random_dispatch(n, tokens, 8, seed=3, max_nodes=2, per_node=per_node)

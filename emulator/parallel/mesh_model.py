@@ -27,10 +27,9 @@ from ..nn.layernorm import layer_norm, layer_norm_backward
 from ..nn.moe import MoE
 from .attention_cores import RingCore, UlyssesCore
 from .context_parallel.layout import positions
-from .expert_parallel import ParallelMoE
+from .expert_parallel import ParallelMoE, TokenGroup
 from .layer_shape import LayerShape
 from .placement import Placement
-from .token_groups import TokenGroup
 from .tp_block import TensorParallelBlock
 from .tp_regions import (TPRegions, region_gather, region_gather_again, region_gather_back, region_reduce,
                          region_reduce_back, wgrad)

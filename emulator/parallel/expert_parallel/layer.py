@@ -1,61 +1,17 @@
-"""Expert parallelism: an MoE layer's experts split over the ranks of an ``ep`` group (and,
-optionally, each expert's matrices over a ``tp`` group).
-
-Every rank holds the router (replicated) and ``E / ep`` experts (rank r: experts
-``r E/ep .. (r+1) E/ep - 1``), and routes its own tokens. Forward:
-
-1. **route** locally; apply **capacity** with the statistics of the tokens' group
-   (:mod:`.token_groups`: first come, first served in the group's token order), dropping
-   this rank's over-capacity assignments before they are sent, and sort the kept ones by
-   expert;
-2. **count exchange**: an all-to-all of the per-expert counts, so each rank learns how
-   many rows it will receive from every other rank for each of its experts;
-3. **dispatch**: one uneven ``all_to_all_single`` sends each row to its expert's rank;
-4. the owner regroups the rows by expert and runs its experts on them;
-5. **combine**: the reverse ``all_to_all_single`` brings the outputs home, where each
-   token sums its experts' outputs, weighted.
-
-Backward runs the same two all-to-alls the other way: output gradients out to the experts,
-input gradients back. The router's gradient is this rank's part (the sum over the ranks
-that hold copies of the router is the full one, as data parallelism sums it).
-
-With tensor parallelism inside the experts (``tp`` of size t > 1, Megatron's expert tensor
-parallelism), each rank holds a 1/t slice of every local expert's hidden units and every
-rank of the tp group routes the same tokens: the experts' outputs, and the routing
-weights' gradients, are partial sums over tp (the first is reduced where the dense MLP's
-is, the second by an all-reduce of (tokens x top_k) numbers), and the router's input
-gradient is added on tp rank 0 only.
-
-:class:`ParallelMoE` is the block's MLP; :func:`forward` and :func:`backward` run one
-layer on an ep group with each rank's tokens in rank order (lesson 05).
-"""
+"""The MoE layer with its experts over an ``ep`` group (and each expert optionally over
+``tp``): route, drop over capacity, dispatch, run the local experts, combine; backward the
+same all-to-alls the other way (the package's docstring walks through it)."""
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..machine import elementwise
-from ..machine.work import AllToAll, Collective, Gemm, Memory, Work, dtype_bytes, np_dtype
-from ..nn.moe import (capacity, expert_keys, experts_backward_input, experts_backward_weight, experts_forward,
-                      route, route_backward)
-from .layer_shape import LayerShape
-from .placement import Placement
+from ...errors import ConfigError
+from ...machine.work import np_dtype
+from ...nn.moe import (capacity, experts_backward_input, experts_backward_weight, experts_forward,
+                       route, route_backward)
+from ..layer_shape import LayerShape
+from ..placement import Placement
 from .token_groups import TokenGroup
-from .tp_regions import (TPRegions, region_gather, region_gather_back, region_reduce, region_reduce_back,
-                         wgrad)
-
-
-def shard_experts(params, size, rank):
-    """The parameters rank ``rank`` of ``size`` holds: the router whole, its contiguous
-    slice of the stacked experts along dim 0."""
-    n_experts = params["router.w"].shape[1]
-    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1 or n_experts % size:
-        raise ConfigError(f"shard_experts: {n_experts} experts do not split evenly over {size!r} ranks; expert "
-                          f"parallelism needs a number of ranks that divides the number of experts")
-    if not 0 <= rank < size:
-        raise ConfigError(f"shard_experts: rank must be in 0..{size - 1}, got {rank!r}")
-    n = n_experts // size
-    keys = expert_keys(params)
-    return {k: (v[rank * n:(rank + 1) * n].copy() if k in keys else v) for k, v in params.items()}
+from .work import expert_kernels, moe_work
 
 
 class ParallelMoE:
@@ -245,93 +201,3 @@ class ParallelMoE:
         router = 2 * t * self.moe.d_model * self.moe.n_experts
         experts = 2 * t * self.moe.top_k * (len(self.widen) + 1) * self.moe.d_model * self.ff
         return {"forward": router + experts, "backward_input": router + experts, "backward_weight": router + experts}
-
-
-class _NoTensorParallelism(TPRegions):
-    """One rank per expert slice: nothing to gather or reduce."""
-
-    def __init__(self, comm):
-        super().__init__(comm.new_group([comm.global_rank]), False)
-
-    def gather(self, x, async_op=False):
-        return x
-
-    gather_back = reduce = reduce_back = gather
-
-
-def forward(comm, moe, params_local, x_local):
-    """This rank's output for its tokens ``x_local`` (tokens, d), the experts over the group
-    ``comm``, every rank's tokens one group in rank order; and the cache for :func:`backward`."""
-    x = np.asarray(x_local)
-    if x.shape[-1] != moe.d_model:
-        raise ConfigError(f"rank {comm.global_rank}: tokens of width {x.shape[-1]}, the layer's is {moe.d_model}")
-    layer = ParallelMoE(moe, comm, _NoTensorParallelism(comm), lambda b, s: TokenGroup.rank_order(comm, b * s))
-    x2 = x.reshape(1, -1, moe.d_model)
-    y, cache = layer.forward(params_local, x2)
-    cache["shape"] = x.shape
-    return y.reshape(x.shape), cache
-
-
-def backward(comm, moe, params, cache, dy):
-    """(dx for this rank's tokens, gradients of this rank's parameters)."""
-    layer = ParallelMoE(moe, comm, _NoTensorParallelism(comm))
-    dy = np.asarray(dy)
-    shape = cache["shape"]
-    cache = dict(cache, shape=(1,) + (int(np.prod(shape[:-1])), moe.d_model))
-    dx, grads = layer.backward(params, cache, dy.reshape(1, -1, moe.d_model))
-    return dx.reshape(shape), grads
-
-
-# ----------------------------------------------------------------- the declaration of its work
-def expert_kernels(s, ctx, counts, backward=False):
-    """The GEMMs and activations of this rank's experts on ``counts`` rows each (the
-    declaration's even share, or, in a run, the rows routing sent them)."""
-    st, c, w = ctx.stack, ctx.dtype("compute"), s.widen
-    out = ()
-    for e, n in enumerate(counts):
-        if not n:
-            continue
-        name = f"moe: experts{' backward' if backward else ''}: {e}"
-        if not backward:
-            out += (Gemm(f"{name} fc1", n, w * s.ff, s.d, c),) + \
-                elementwise.activation(st, f"{name} activation", n, s.ff, c, s.mlp, s.bias) + \
-                (Gemm(f"{name} fc2", n, s.d, s.ff, c),)
-        else:
-            out += (Gemm(f"{name} fc2 dgrad", n, s.ff, s.d, c),) + \
-                elementwise.activation_backward(st, f"{name} activation", n, s.ff, c, s.mlp) + \
-                (Gemm(f"{name} fc1 dgrad", n, s.d, w * s.ff, c),) + wgrad(ctx, f"{name} fc2 wgrad", s.ff, s.d, n) + \
-                wgrad(ctx, f"{name} fc1 wgrad", s.d, w * s.ff, n)
-    return out
-
-
-def moe_work(s, ctx):
-    """The MoE layer's :class:`~emulator.machine.work.Work` on a rank: the router, the count
-    exchange and the two all-to-alls each way, and each local expert's GEMMs and activation
-    on the rows routed to it (``s.counts``; None: an even router, ``rows x top_k / E``
-    each). Its backward computes the weight gradients with the input gradients (B holds
-    both; W is empty)."""
-    c, e_dt = ctx.dtype("compute"), ctx.dtype("ep")
-    E, local, R = s.n_experts, s.n_experts // s.ep, s.rows * s.top_k
-    counts = s.counts if s.counts is not None else (R * s.ep // E,) * local  # each expert: its share of R rows
-    per_peer = R // s.ep * s.d * dtype_bytes(e_dt)  # an even router: each peer gets its share of the rows
-    idx = E // s.ep * 8  # int64 counts per peer
-    F = region_gather(s, ctx, "moe") + (Gemm("moe: router", s.rows, E, s.d, c),)
-    if s.stats is not None:  # capacity or the load-balancing loss: (keys, counts per run, sums, tokens) of each rank
-        size, runs = s.stats
-        F += (Collective("moe: token-group statistics", "all_gather", "group", size,
-                         size * (runs + runs * E + E + 1) * 8, "fp64"),)
-    F += (AllToAll("moe: count exchange", "ep", s.ep, idx, "int64"),
-                                        AllToAll("moe: dispatch", "ep", s.ep, per_peer, e_dt))
-    F += expert_kernels(s, ctx, counts) + (AllToAll("moe: combine", "ep", s.ep, per_peer, e_dt),
-                                           Memory("moe: weighted sum", "moe", R * s.d * dtype_bytes(c),
-                                                  s.rows * s.d * dtype_bytes(c)))
-    F += region_reduce(s, ctx, "moe")
-    B = region_reduce_back(s, ctx, "moe")
-    if s.tp > 1:
-        t_dt = ctx.dtype("tp")
-        B += (Collective("moe: all-reduce routing weights' grads", "all_reduce", "tp", s.tp, R * dtype_bytes(t_dt),
-                         t_dt),)
-    B += (AllToAll("moe: dispatch grads", "ep", s.ep, per_peer, e_dt),) + expert_kernels(s, ctx, counts, True)
-    B += (AllToAll("moe: combine grads", "ep", s.ep, per_peer, e_dt),
-          Gemm("moe: router backward", s.rows, E, s.d, c, count=2)) + region_gather_back(s, ctx, "moe")
-    return Work("moe", F, B, (), F)
