@@ -20,6 +20,10 @@ Examples:
     torchrun --standalone --nproc-per-node 4 -m gpu_labs.00_collectives --backend gloo --iters 5
 """
 
+if not __package__:  # started by its path: its imports are relative to the gpu_labs package
+    raise SystemExit(f"start {__file__.rsplit('/', 1)[-1]} as a module, from the course's folder: "
+                     f"torchrun --standalone --nproc-per-node 4 -m gpu_labs.{__file__.rsplit('/', 1)[-1][:-3]}")
+
 import os
 import time
 

@@ -23,6 +23,10 @@ activations, temporaries and the reference runs' tensors included, so it exceeds
 ledger's sum. NCCL on GPUs, gloo on the CPU (``--backend`` overrides).
 """
 
+if not __package__:  # started by its path: its imports are relative to the gpu_labs package
+    raise SystemExit(f"start {__file__.rsplit('/', 1)[-1]} as a module, from the course's folder: "
+                     f"torchrun --standalone --nproc-per-node 4 -m gpu_labs.{__file__.rsplit('/', 1)[-1][:-3]}")
+
 import os
 
 import numpy as np

@@ -30,6 +30,10 @@ GPUs) beside the emulator's prediction. NCCL on GPUs, gloo on the CPU (``--backe
 overrides); ``--dtype bfloat16`` runs the blocks in bf16.
 """
 
+if not __package__:  # started by its path: its imports are relative to the gpu_labs package
+    raise SystemExit(f"start {__file__.rsplit('/', 1)[-1]} as a module, from the course's folder: "
+                     f"torchrun --standalone --nproc-per-node 4 -m gpu_labs.{__file__.rsplit('/', 1)[-1][:-3]}")
+
 import os
 import numpy as np
 import torch

@@ -32,6 +32,10 @@ stage times, and beside the formula (p-1)/(m+p-1). NCCL on GPUs, gloo on the CPU
 (``--backend`` overrides); ``--dtype bfloat16`` runs the stages in bf16.
 """
 
+if not __package__:  # started by its path: its imports are relative to the gpu_labs package
+    raise SystemExit(f"start {__file__.rsplit('/', 1)[-1]} as a module, from the course's folder: "
+                     f"torchrun --standalone --nproc-per-node 4 -m gpu_labs.{__file__.rsplit('/', 1)[-1][:-3]}")
+
 import inspect
 import os
 import statistics

@@ -18,6 +18,10 @@ plainly when it did not run, and why. NCCL on GPUs, gloo on the CPU (``--backend
 overrides); ``--dtype bfloat16`` runs the ring in bf16 (it accumulates in float32).
 """
 
+if not __package__:  # started by its path: its imports are relative to the gpu_labs package
+    raise SystemExit(f"start {__file__.rsplit('/', 1)[-1]} as a module, from the course's folder: "
+                     f"torchrun --standalone --nproc-per-node 4 -m gpu_labs.{__file__.rsplit('/', 1)[-1][:-3]}")
+
 import os
 
 import numpy as np

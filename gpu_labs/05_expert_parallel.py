@@ -20,6 +20,10 @@ experts), beside the emulator's prediction for the same split sizes. NCCL on GPU
 on the CPU (``--backend`` overrides); ``--dtype bfloat16`` runs the layer in bf16.
 """
 
+if not __package__:  # started by its path: its imports are relative to the gpu_labs package
+    raise SystemExit(f"start {__file__.rsplit('/', 1)[-1]} as a module, from the course's folder: "
+                     f"torchrun --standalone --nproc-per-node 4 -m gpu_labs.{__file__.rsplit('/', 1)[-1][:-3]}")
+
 import os
 
 import numpy as np

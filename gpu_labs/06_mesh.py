@@ -31,6 +31,10 @@ and why. On GPUs it also times a step beside the planner's prediction for the pl
 on GPUs, gloo on CPU (``--backend``).
 """
 
+if not __package__:  # started by its path: its imports are relative to the gpu_labs package
+    raise SystemExit(f"start {__file__.rsplit('/', 1)[-1]} as a module, from the course's folder: "
+                     f"torchrun --standalone --nproc-per-node 4 -m gpu_labs.{__file__.rsplit('/', 1)[-1][:-3]}")
+
 import os
 
 import numpy as np

@@ -2,8 +2,8 @@
 ``sys.path`` or is named after a standard-library module (``sys.stdlib_module_names``),
 siblings are imported relatively, every file is under 300 lines, each lab's docstring
 gives first the ``torchrun ... -m gpu_labs.<lab>`` command that runs it, and no torchrun
-line in the course's sources runs a lab by its file path. Each rule is shown to catch a
-file that breaks it."""
+line in the course's sources runs a lab by its file path (a lab started so says how to
+start it). Each rule is shown to catch a file that breaks it."""
 
 import ast
 import importlib
@@ -133,6 +133,15 @@ def test_the_installed_package_finds_the_labs_from_any_folder(tmp_path):
     assert out.returncode == 0 and Path(out.stdout.strip()) == PACKAGE / "06_mesh.py", (
         f"{out.stdout}{out.stderr[-2000:]}\n(an install from before gpu_labs was in pyproject's package list? "
         f"make .venv/.installed-test reinstalls)")
+
+
+@pytest.mark.parametrize("path", LABS[:1] + LABS[-1:], ids=lambda p: p.stem)
+def test_a_lab_started_by_its_path_says_how_to_start_it(path, tmp_path):
+    """``torchrun gpu_labs/00_collectives.py`` (a file, no package) stops before its
+    relative imports with the ``-m`` command, not Python's "no known parent package"."""
+    out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert f"-m gpu_labs.{path.stem}" in out.stderr, out.stderr
 
 
 # ---------------------------------------------------------------- each rule catches a breach
