@@ -1,7 +1,7 @@
 """Checks for lesson 01 (data parallelism and ZeRO).
 
 The student writes strategies for :func:`emulator.training.train` (a subclass of
-:class:`emulator.parallel.base.DataParallelStrategy`). Each check trains a small GPT with
+:class:`emulator.parallel.data_parallel.strategy.DataParallelStrategy`). Each check trains a small GPT with
 the student's strategy on 1 to 4 emulated GPUs and compares with one device training on the
 whole batch, then reads the trace (which collectives, on which group, how many bytes, in
 what order, overlapped or not) and the ledger (what is held, and that a layer computes
@@ -16,8 +16,8 @@ from ..engine.world import World
 from ..accounting import memory as accounting_memory
 from ..parallel import DDP, ZeRO1, ZeRO2, ZeRO3, assemble
 from ..parallel import data_parallel as library_data_parallel
-from ..parallel.base import DataParallelStrategy
-from ..parallel.flat_layout import layouts
+from ..parallel.data_parallel.strategy import DataParallelStrategy
+from ..parallel.data_parallel.flat_layout import layouts
 from ..training import synthetic_batches, train, train_single
 from ..widgets import zero_explorer
 from .common import CheckFailed, check_close, expect, passed, run_on_emulator

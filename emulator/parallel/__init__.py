@@ -6,28 +6,30 @@ a :class:`Placement` (``placement.py``); :func:`run_on_mesh` (``runtime.py``) tr
 parallelism, ZeRO inside pipeline stages), equal to one device, or without data at full
 scale (``shape_only=True``).
 
-Data parallelism, the ZeRO ladder side by side (each readable alone):
+Each kind of parallelism has its home:
 
-* :class:`DDP` (``ddp.py``): replicate everything; bucketed all-reduce overlapped with backward.
-* :class:`ZeRO1` (``zero1.py``): shard the optimizer state.
-* :class:`ZeRO2` (``zero2.py``): shard the gradients too.
-* :class:`ZeRO3` (``zero3.py``): shard the parameters too (FSDP), optionally prefetching.
+* ``data_parallel/``: the ZeRO ladder side by side, each readable alone: :class:`DDP`
+  (replicate everything; bucketed all-reduce overlapped with backward), :class:`ZeRO1`
+  (shard the optimizer state), :class:`ZeRO2` (the gradients too), :class:`ZeRO3` (the
+  parameters too: FSDP, optionally prefetching), Megatron's distributed optimizer; the flat
+  layout (``FlatLayout``, ``reduce_flat``: the one flatten, all-reduce, unflatten); the
+  stage's gradient finalization on a mesh (``finalize.py``). ``data_parallel(zero_stage,
+  comm, model, params, opt, **options)`` picks a strategy by its stage; ``assemble`` puts
+  full parameters back together from every rank's shards.
+* Tensor parallelism: :mod:`emulator.parallel.tensor_parallel` (Megatron's column- and
+  row-parallel linear layers, the f/g operators), ``tp_regions``, ``tp_block``.
+* ``pipeline/``, ``context_parallel/``, ``expert_parallel``; ``checkpoint/`` saves and
+  restarts a mesh run.
 
-Tensor parallelism: :mod:`emulator.parallel.tensor_parallel` (Megatron's column- and
-row-parallel linear layers, the f/g operators).
-
-``data_parallel(zero_stage, comm, model, params, opt, **options)`` (``zero_ladder.py``) picks one by its stage;
-``assemble`` puts full parameters back together from every rank's shards.
+The modules that held data parallelism before it had a package (``base``, ``ddp``,
+``zero1``, ``zero2``, ``zero3``, ``zero_ladder``, ``flat_layout``, ``buckets``,
+``distributed_optimizer``, ``mesh_hooks``) re-export its names from ``data_parallel/``.
 """
 
-from .ddp import DDP
+from .data_parallel import DDP, NAMES, STRATEGIES, ZeRO1, ZeRO2, ZeRO3, assemble, data_parallel
 from .dims import ParallelDims
 from .placement import Placement, shard, unshard
 from .runtime import MeshRun, run_on_mesh, shape_only_batches
-from .zero1 import ZeRO1
-from .zero2 import ZeRO2
-from .zero3 import ZeRO3
-from .zero_ladder import NAMES, STRATEGIES, assemble, data_parallel
 
 __all__ = ["DDP", "ZeRO1", "ZeRO2", "ZeRO3", "STRATEGIES", "NAMES", "data_parallel", "assemble", "ParallelDims",
            "Placement", "shard", "unshard", "run_on_mesh", "MeshRun", "shape_only_batches"]

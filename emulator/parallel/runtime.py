@@ -54,7 +54,7 @@ from .batches import split_batch
 from .checkpoint import Checkpoint, Restart, Saver, TrainState
 from .checkpoint.fit import run_record
 from .context_parallel.layout import split_sequence
-from .mesh_hooks import MeshHooks
+from .data_parallel.finalize import MeshHooks
 from .mesh_model import RankModel, check_model
 from .pipeline import PipelineStage, run_actions, schedule, split_layers
 from .pipeline.exchange import program as exchange_program

@@ -24,6 +24,7 @@ from ..arrays.shape_only import contiguous
 from ..machine import elementwise
 from ..machine.comm_overlap import pipelined
 from ..machine.work import Collective, Gemm, dtype_bytes
+from .data_parallel.flat_layout import reduce_flat
 
 SEQ = 1  # the sequence is dim 1 of (batch, sequence, hidden)
 
@@ -65,12 +66,7 @@ def all_reduce_together(comm, tensors, keys):
     one sums nothing."""
     if comm.size == 1 or not keys:
         return dict(tensors)
-    flat = comm.all_reduce(np.concatenate([tensors[k].reshape(-1) for k in keys]))
-    out, i = dict(tensors), 0
-    for k in keys:
-        out[k] = flat[i:i + tensors[k].size].reshape(tensors[k].shape)
-        i += tensors[k].size
-    return out
+    return reduce_flat(comm, tensors, keys)
 
 
 class TPRegions:

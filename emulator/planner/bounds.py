@@ -7,7 +7,7 @@ share (its layers' kinds and their times)."""
 from functools import lru_cache
 from ..machine import elementwise
 from ..parallel.dims import ParallelDims
-from ..parallel.mesh_hooks import uses_distributed_optimizer
+from ..parallel.data_parallel.ladder import uses_distributed_optimizer
 from ..parallel.pipeline.actions import stage_of
 from .layers import split_names
 from .memory import _actions, byte_sizes, padded, walked_micro_batches

@@ -11,7 +11,7 @@ from ..machine.work import AllToAll, Collective, RingAttention
 from ..parallel.pipeline.actions import place_of, stage_of
 from ..records.table import Table
 from .memory import byte_sizes
-from ..parallel.mesh_hooks import uses_distributed_optimizer
+from ..parallel.data_parallel.ladder import uses_distributed_optimizer
 from .overlap import gather_in_forward, replay
 from .timing import action_durations
 

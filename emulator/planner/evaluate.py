@@ -254,7 +254,8 @@ def _stage(p, r, c):
 
 def _optimizer_seconds(timer, layers, r, dims, ctx):
     """Seconds of rank r's optimizer update (one kernel over what it updates, as the
-    data-parallel strategies charge it: :meth:`emulator.parallel.base.DataParallelStrategy.charge_update`)."""
+    data-parallel strategies charge it:
+    :meth:`emulator.parallel.data_parallel.strategy.DataParallelStrategy.charge_update`)."""
     groups = {"dense": dims.dp * dims.cp, "experts": dims.dp * dims.cp // dims.ep}
     n = 0
     for c in range(dims.v):

@@ -1,6 +1,6 @@
 """Per-GPU memory of a plan: what each rank's ledger holds at its peak, by kind.
 
-The parts, as the emulator's strategies hold them (:mod:`emulator.parallel.ddp`,
+The parts, as the emulator's strategies hold them (:mod:`emulator.parallel.data_parallel.ddp`,
 ``zero1``..``zero3``, :class:`~emulator.parallel.pipeline.PipelineStage`):
 
 * ``params``: this rank's parameters (ZeRO-3: its slice of each layer's flat vector,
@@ -27,7 +27,7 @@ import numpy as np
 from ..parallel.pipeline import schedule
 from ..parallel.pipeline.actions import stage_of
 from ..machine.work import dtype_bytes
-from ..parallel.buckets import bucket_layers, bucket_limit
+from ..parallel.data_parallel.buckets import bucket_layers, bucket_limit
 
 KINDS = ("params", "grads", "optimizer", "activations", "buffers")
 
@@ -71,7 +71,7 @@ class Units:
 
 
 def _ddp_buckets(units, dims, ctx, pp_rank):
-    """DDP's gradients come bucket by bucket (:mod:`emulator.parallel.buckets`): each
+    """DDP's gradients come bucket by bucket (:mod:`emulator.parallel.data_parallel.buckets`): each
     bucket's bytes held from the first backward of its first layer (backward order)."""
     order = [(c, i) for c in reversed(range(len(units))) for i in reversed(range(len(units[c].per_layer)))]
     grads = [units[c].per_layer[i][0] for c, i in order]

@@ -14,7 +14,7 @@ from bisect import insort
 
 from ..machine.work import dtype_bytes, is_comm
 from .memory import byte_sizes
-from ..parallel.buckets import bucket_layers, bucket_limit
+from ..parallel.data_parallel.buckets import bucket_layers, bucket_limit
 
 
 def port_kinds(ranks, gpus_per_node):
@@ -138,7 +138,7 @@ def replay(timer, r, actions, timing, layers, dims, ctx, hop, host_seconds=None,
 
 
 def _buckets(layers, r, dims, ctx, op="all_reduce"):
-    """The buckets of rank r's layers (:mod:`emulator.parallel.buckets`; DDP's by the
+    """The buckets of rank r's layers (:mod:`emulator.parallel.data_parallel.buckets`; DDP's by the
     weights' bytes, the distributed optimizer's by parameters): {(chunk, layer): bucket},
     and how many layers each bucket waits for."""
     v = len(layers)
@@ -171,7 +171,7 @@ def _bucket_bytes(b, buckets, sizes, op, groups):
 def gather_in_forward(timer, r, layers, per_layer, dims, ctx, sizes):
     """Seconds a distributed optimizer's parameter all-gathers add to rank r's first
     forward: each bucket's is waited for before its first layer, the next one then issued
-    (:class:`emulator.parallel.distributed_optimizer.DistributedOptimizer`): the first
+    (:class:`emulator.parallel.data_parallel.distributed_optimizer.DistributedOptimizer`): the first
     bucket's whole, each next one's beyond the forward of the bucket before."""
     buckets, _ = _buckets(layers, r, dims, ctx, "reduce_scatter")
     groups = timer.groups(r)

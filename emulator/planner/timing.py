@@ -358,7 +358,7 @@ def action_durations(actions, per_layer, dims, host=False, prefetch=False):
 
 
 def prefetched(ts, name, held):
-    """A chunk's forward or backward under FSDP2's prefetch (:class:`emulator.parallel.zero3.ZeRO3`
+    """A chunk's forward or backward under FSDP2's prefetch (:class:`emulator.parallel.data_parallel.zero3.ZeRO3`
     with ``prefetch``): each layer's gather starts as the layer before it (in the pass's
     order) starts computing, so only what outlasts that layer shows; each layer's
     reduce-scatter runs beside the next layer's backward, the last one after; the compute

@@ -10,7 +10,7 @@ data-parallel strategy per gradient group) and the placements:
 * whole local tensors (DDP's and ZeRO-1/2's parameters, DDP's moments): one block each,
   where the placement puts this rank's shard (``Placement.index``);
 * ZeRO's flat slices (ZeRO-1/2/3's moments and master weights, ZeRO-3's parameters): the
-  layer's local tensors laid end to end (:class:`~emulator.parallel.flat_layout.FlatLayout`),
+  layer's local tensors laid end to end (:class:`~emulator.parallel.data_parallel.flat_layout.FlatLayout`),
   this rank's range of that vector cut back into each tensor's elements, each range into
   blocks (:func:`~emulator.parallel.reshard.flat_range_blocks`), each block moved to its
   place in the global tensor by the placement.

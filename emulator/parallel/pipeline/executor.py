@@ -23,6 +23,7 @@ import numpy as np
 from ...errors import ConfigError, DeadlockError
 from ...algorithms.p2p_op import P2POp
 from ..batches import local_batch, split_batch
+from ..data_parallel.flat_layout import reduce_flat
 from .actions import shape_of
 from .check import ScheduleError, validate
 from .exchange import local_program, program
@@ -189,13 +190,8 @@ def run(world, model, params, schedule, x, y, costs=None, loop=None, check=True)
 def sync_dp_grads(dp, grads):
     """Average a stage's gradients (``{"layer.key": array}``) over its data-parallel group
     ``dp``: flattened into one buffer, one all-reduce (one bucket per stage)."""
-    keys = sorted(grads)
-    flat = dp.all_reduce(np.concatenate([grads[k].ravel() for k in keys])) / dp.size
-    out, i = {}, 0
-    for k in keys:
-        out[k] = flat[i:i + grads[k].size].reshape(grads[k].shape)
-        i += grads[k].size
-    return out
+    reduced = reduce_flat(dp, grads)
+    return {k: reduced[k] / dp.size for k in sorted(grads)}
 
 
 def train_pipeline(comm, model, params, batches, schedule, opt, costs=None, sync=sync_dp_grads, loop=None):
