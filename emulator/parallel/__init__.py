@@ -13,8 +13,10 @@ Data parallelism, the ZeRO ladder side by side (each readable alone):
 * :class:`ZeRO2` (``zero2.py``): shard the gradients too.
 * :class:`ZeRO3` (``zero3.py``): shard the parameters too (FSDP), optionally prefetching.
 
-Tensor parallelism: :mod:`emulator.parallel.tensor_parallel` (Megatron's column- and
-row-parallel linear layers, the f/g operators).
+Tensor and sequence parallelism: :mod:`emulator.parallel.tensor_parallel` (Megatron's
+column- and row-parallel linear layers and their regions, f/g and the sequence's
+all-gather/reduce-scatter; the MLP, attention and the block split over tp; the
+vocabulary-parallel embedding and cross-entropy).
 
 ``data_parallel(zero_stage, comm, model, params, opt, **options)`` (``zero_ladder.py``) picks one by its stage;
 ``assemble`` puts full parameters back together from every rank's shards.

@@ -40,8 +40,8 @@ from ..nn.moe import (capacity, expert_keys, experts_backward_input, experts_bac
 from .layer_shape import LayerShape
 from .placement import Placement
 from .token_groups import TokenGroup
-from .tp_regions import (TPRegions, region_gather, region_gather_back, region_reduce, region_reduce_back,
-                         wgrad)
+from .tensor_parallel.regions import TPRegions
+from .tensor_parallel.regions_work import region_gather, region_gather_back, region_reduce, region_reduce_back, wgrad
 
 
 def shard_experts(params, size, rank):
@@ -60,7 +60,7 @@ def shard_experts(params, size, rank):
 
 class ParallelMoE:
     """``moe``: the layer's configuration (an ``nn.MoE``); ``ep``: the expert-parallel
-    group; ``regions``: the tp group's operators (:class:`~.tp_regions.TPRegions`);
+    group; ``regions``: the tp group's operators (:class:`~.tensor_parallel.regions.TPRegions`);
     ``group(batch, seq)``: the :class:`~.token_groups.TokenGroup` of this rank's tokens, a
     (batch, seq) block of them."""
 

@@ -16,7 +16,7 @@ from .buckets import bucket_limit
 from .ddp import DDP
 from .distributed_optimizer import DistributedOptimizer
 from .zero3 import ZeRO3
-from .tp_regions import all_reduce_together
+from .tensor_parallel.regions import all_reduce_together
 from .zero_ladder import STRATEGIES
 
 
