@@ -81,7 +81,7 @@ def ready(value, async_op):
     return _Done(value) if async_op else value
 
 
-def _issue(collective, x, async_op):
+def _call(collective, x, async_op):
     return collective(x, async_op=True) if async_op else collective(x)
 
 
@@ -101,12 +101,12 @@ def copy_to_tp_region(comm, x):
 
 def copy_to_tp_region_backward(comm, dx, async_op=False):
     """f in backward: the ranks' partial input gradients are summed."""
-    return _issue(comm.all_reduce, dx, async_op)
+    return _call(comm.all_reduce, dx, async_op)
 
 
 def reduce_from_tp_region(comm, y_partial, async_op=False):
     """g in forward: sum the partial outputs."""
-    return _issue(comm.all_reduce, y_partial, async_op)
+    return _call(comm.all_reduce, y_partial, async_op)
 
 
 def reduce_from_tp_region_backward(comm, dy):
