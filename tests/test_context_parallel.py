@@ -9,6 +9,8 @@ from ml_dtypes import bfloat16
 
 from emulator import ConfigError, World, nn
 from emulator.parallel import context_parallel as cp
+from emulator.parallel.attention_cores import UlyssesCore, core_work
+from emulator.parallel.layer_shape import LayerShape
 
 CASES = [(c, causal, layout) for c in (1, 2, 3, 4, 8) for causal in (False, True)
          for layout in ("contiguous", "zigzag")]
@@ -182,6 +184,53 @@ def test_all_gather_and_ulysses_equal_full_attention_and_move_what_they_should()
         assert [x.op for x in world.calls[0]] == ["all_to_all", "all_to_all"]
     with pytest.raises(ConfigError, match="at most the number of heads"):
         World(8).run(lambda comm: cp.ulysses_attention(comm, *(np.zeros((1, 4, 4, 2)),) * 3))
+
+
+@pytest.mark.parametrize("c", [2, 4])
+@pytest.mark.parametrize("layout", cp.LAYOUTS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_ulysses_attention_and_the_blocks_ulysses_core_agree(c, layout, causal):
+    """The lesson's ``ulysses_attention`` and the block's ``UlyssesCore`` are one Ulysses: the
+    same output on every rank, the same bytes through all-to-alls (q, k and v stacked into
+    one call, or one call each)."""
+    b, h, n, d = 2, 4, 4, 3
+    q, k, v = qkvd((b, h, c * n, d), seed=c)[:3]
+    shards = [cp.split_sequence(a, c, layout) for a in (q, k, v)]
+    shape = LayerShape(b, n, h * d, h, h, 1, head_dim=d, cp=c, cp_attention="ulysses", cp_layout=layout,
+                       causal=causal)
+
+    def core(comm):
+        work = core_work(shape, comm.work_context(np.float64), comm.rank)
+        with comm.declared(lambda: work.forward, "Ulysses core forward"):
+            return UlyssesCore(comm, causal, layout).forward(*(x[comm.rank] for x in shards))[0]
+
+    def function(comm):
+        return cp.ulysses_attention(comm, *(x[comm.rank] for x in shards), causal, layout)
+
+    by_core, by_function = World(c), World(c)
+    for a, f in zip(by_core.run(core), by_function.run(function)):
+        np.testing.assert_allclose(a, f, rtol=1e-13, atol=1e-13)
+    assert [x.op for x in by_core.calls[0]] == ["all_to_all"] * 4
+    assert [x.op for x in by_function.calls[0]] == ["all_to_all"] * 2
+    assert sum(x.nbytes for x in by_core.calls[0]) == sum(x.nbytes for x in by_function.calls[0])
+    o = full_attention(q, k, v, causal, q)[0]
+    np.testing.assert_allclose(cp.gather_sequence(by_function.run(function), layout), o, rtol=1e-12, atol=1e-12)
+
+
+def test_the_ulysses_swap_and_its_inverse_move_heads_and_positions():
+    c, b, h, n, d = 4, 1, 8, 3, 2
+    x = np.random.default_rng(0).standard_normal((b, h, c * n, d))
+    shards = cp.split_sequence(x, c)
+
+    def prog(comm):
+        heads = cp.to_head_shards(comm, shards[comm.rank])
+        return heads, cp.to_sequence_shards(comm, heads, n)
+
+    for r, (heads, back) in enumerate(World(c).run(prog)):
+        np.testing.assert_array_equal(heads, x[:, r * h // c:(r + 1) * h // c])  # every position, my heads
+        np.testing.assert_array_equal(back, shards[r])
+    with pytest.raises(ConfigError, match="at most the number of heads"):
+        World(3).run(lambda comm: cp.to_head_shards(comm, shards[0]))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -119,7 +119,7 @@ def test_every_kernel_a_run_charges_is_declared_and_every_declared_one_charged(m
 
 
 def test_a_collective_the_declaration_does_not_list_fails_the_pass(monkeypatch):
-    from emulator.parallel import tp_regions
+    from emulator.parallel.tensor_parallel import attention, mlp, regions_work
 
     params = nn.TransformerBlock(32, 4, 128).init(np.random.default_rng(0))
     x = np.random.default_rng(1).standard_normal((2, 8, 32))
@@ -128,10 +128,9 @@ def test_a_collective_the_declaration_does_not_list_fails_the_pass(monkeypatch):
         blk = TensorParallelBlock(comm, 32, 4, 128)
         return blk.forward(blk.shard(params), x)
 
-    monkeypatch.setattr(tp_regions, "region_reduce", lambda s, ctx, part: ())  # the all-reduces left out
-    from emulator.parallel import tp_attention, tp_mlp
-    monkeypatch.setattr(tp_attention, "region_reduce", lambda s, ctx, part: ())
-    monkeypatch.setattr(tp_mlp, "region_reduce", lambda s, ctx, part: ())
+    monkeypatch.setattr(regions_work, "region_reduce", lambda s, ctx, part: ())  # the all-reduces left out
+    monkeypatch.setattr(attention, "region_reduce", lambda s, ctx, part: ())
+    monkeypatch.setattr(mlp, "region_reduce", lambda s, ctx, part: ())
     with pytest.raises(WorkMismatch, match="declared collectives"):
         World(2).run(prog)
 

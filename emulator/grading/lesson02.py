@@ -12,10 +12,9 @@ from ..machine.topology import Topology
 from ..engine.world import World
 from ..accounting import activations
 from ..cost import collective_time
-from ..parallel import sequence_parallel as SP
 from ..parallel import tensor_parallel as TP
-from ..parallel import vocab_parallel as VP
-from ..parallel.tp_block import TensorParallelBlock
+from ..parallel.tensor_parallel import regions as SP, vocab as VP
+from ..parallel.tensor_parallel.block import TensorParallelBlock
 from .common import CheckFailed, check_close, compare_arrays, expect, passed, run_on_emulator
 from .napkins import variants
 from .refuse import refusing

@@ -16,14 +16,19 @@ Each kind of parallelism has its home:
   stage's gradient finalization on a mesh (``finalize.py``). ``data_parallel(zero_stage,
   comm, model, params, opt, **options)`` picks a strategy by its stage; ``assemble`` puts
   full parameters back together from every rank's shards.
-* Tensor parallelism: :mod:`emulator.parallel.tensor_parallel` (Megatron's column- and
-  row-parallel linear layers, the f/g operators), ``tp_regions``, ``tp_block``.
+* ``tensor_parallel/``: Megatron's column- and row-parallel linear layers and their
+  regions (f/g and the sequence's all-gather/reduce-scatter, one implementation), the MLP,
+  attention and the block split over tp, the vocabulary-parallel embedding and
+  cross-entropy.
 * ``pipeline/``, ``context_parallel/``, ``expert_parallel``; ``checkpoint/`` saves and
   restarts a mesh run.
 
 The modules that held data parallelism before it had a package (``base``, ``ddp``,
 ``zero1``, ``zero2``, ``zero3``, ``zero_ladder``, ``flat_layout``, ``buckets``,
-``distributed_optimizer``, ``mesh_hooks``) re-export its names from ``data_parallel/``.
+``distributed_optimizer``, ``mesh_hooks``), tensor parallelism (``tp_regions``, ``tp_mlp``,
+``tp_attention``, ``tp_block``, ``sequence_parallel``, ``vocab_parallel``) and expert
+parallelism (``moe_alternatives``, ``token_groups``) before they had packages re-export
+their names from them.
 """
 
 from .data_parallel import DDP, NAMES, STRATEGIES, ZeRO1, ZeRO2, ZeRO3, assemble, data_parallel

@@ -11,7 +11,8 @@ each K/V head serves ``heads / kv_heads`` query heads; see :func:`emulator.nn.at
   K/V travel around the ring (:mod:`emulator.parallel.context_parallel.ring`).
 * :class:`UlyssesCore`: context parallelism by all-to-all (DeepSpeed-Ulysses): "my
   positions, every head" becomes "every position, my heads", ordinary attention runs on
-  ``heads / cp`` heads, a second all-to-all turns the output back.
+  ``heads / cp`` heads, a second all-to-all turns the output back (the swap of
+  :mod:`emulator.parallel.context_parallel.ulysses`, as ``ulysses_attention`` runs it).
 
 Each charges its compute on the rank's clock itself (between its messages), as a fused
 attention kernel (:func:`emulator.machine.kernels.attention`).
@@ -21,14 +22,13 @@ import math
 
 import numpy as np
 
-from ..arrays.shape_only import contiguous, is_shape_only
-from ..errors import ConfigError
+from ..arrays.shape_only import is_shape_only
 from ..machine.work import AllToAll, Attention, Gemm, Memory, RingAttention, Work, dtype_bytes, np_dtype
 from ..nn.attention import repeat_kv, sum_kv
 from ..nn.attention_core import softmax
 from ..nn.dropout import apply as drop, dropout_mask
-from .context_parallel import layout as cp_layout
 from .context_parallel.ring import blocks, ring_attention, ring_attention_backward
+from .context_parallel.ulysses import causal_allowed, to_head_shards, to_sequence_shards
 
 
 def causal_fraction(s_q_positions, s_k_positions):
@@ -148,24 +148,14 @@ class UlyssesCore:
     def _to_heads(self, t):
         """(b, h, n, dh), my positions, every head -> (b, h/c, s, dh), every position (in
         rank order of the shards), my heads."""
-        c = self.cp.size
-        if t.shape[1] % c:
-            raise ConfigError(f"rank {self.cp.global_rank}: Ulysses gives each of the {c} context-parallel ranks "
-                              f"whole heads; {t.shape[1]} heads do not split")
-        g, send = t.shape[1] // c, self._payload(t)
-        return np.concatenate(self.cp.all_to_all([contiguous(t[:, j * g:(j + 1) * g].astype(send, copy=False))
-                                                  for j in range(c)]), axis=2).astype(t.dtype, copy=False)
+        return to_head_shards(self.cp, t, send=self._payload(t))
 
     def _to_positions(self, t, n):
         """The inverse: (b, h/c, s, dh) -> (b, h, n, dh)."""
-        c, send = self.cp.size, self._payload(t)
-        return np.concatenate(self.cp.all_to_all([contiguous(t[:, :, j * n:(j + 1) * n].astype(send, copy=False))
-                                                  for j in range(c)]), axis=1).astype(t.dtype, copy=False)
+        return to_sequence_shards(self.cp, t, n, send=self._payload(t))
 
     def _allowed(self, n):
-        c = self.cp.size
-        pos = np.concatenate([cp_layout.positions(r, c, n, self.layout) for r in range(c)])
-        return pos[None, :] <= pos[:, None], pos
+        return causal_allowed(self.cp.size, n, self.layout)
 
     def forward(self, q, k, v):
         n, g = q.shape[2], q.shape[1] // k.shape[1]

@@ -10,11 +10,11 @@ runs it as it runs an ``nn.GPT``:
   reduction over tp sums them; under sequence parallelism a reduce-scatter, so each rank
   keeps its slice of the sequence), plus the position table at this rank's positions
   (context parallelism's layout decides which);
-* ``blocks.i``: :class:`~emulator.parallel.tp_block.TensorParallelBlock`, with ring or
+* ``blocks.i``: :class:`~emulator.parallel.tensor_parallel.block.TensorParallelBlock`, with ring or
   Ulysses attention over ``cp`` and experts over ``ep``;
 * ``head`` (:class:`ParallelHead`): the final norm, then the output layer split by
   vocabulary (column-parallel; its input gathered along the sequence under SP), and the
-  vocab-parallel cross-entropy (:mod:`.vocab_parallel`: three numbers per token cross
+  vocab-parallel cross-entropy (:mod:`.tensor_parallel.vocab`: three numbers per token cross
   the tp ranks, never the logits).
 """
 
@@ -30,10 +30,12 @@ from .context_parallel.layout import positions
 from .expert_parallel import ParallelMoE, TokenGroup
 from .layer_shape import LayerShape
 from .placement import Placement
-from .tp_block import TensorParallelBlock
-from .tp_regions import (TPRegions, region_gather, region_gather_again, region_gather_back, region_reduce,
-                         region_reduce_back, wgrad)
-from .vocab_parallel import vocab_parallel_cross_entropy, vocab_parallel_embedding_backward, vocab_parallel_lookup
+from .tensor_parallel.block import TensorParallelBlock
+from .tensor_parallel.regions import TPRegions
+from .tensor_parallel.regions_work import (region_gather, region_gather_again, region_gather_back, region_reduce,
+                                           region_reduce_back, wgrad)
+from .tensor_parallel.vocab import (vocab_parallel_cross_entropy, vocab_parallel_embedding_backward,
+                                    vocab_parallel_lookup)
 
 
 class ParallelEmbedding:
@@ -258,7 +260,7 @@ def head_work(s, ctx):
 
 
 def loss_work(s, ctx):
-    """The vocabulary-parallel cross-entropy over this rank's logits (:mod:`.vocab_parallel`):
+    """The vocabulary-parallel cross-entropy over this rank's logits (:mod:`.tensor_parallel.vocab`):
     its kernels as the stack runs them (:func:`emulator.machine.elementwise.cross_entropy`)
     and three all-reduces over tp of one number per token (max, sum of exponentials,
     target logit) in the policy's loss dtype."""

@@ -33,7 +33,7 @@ from .hf_config import model_from_hf_config
 from .models import PRESETS, ModelSpec
 from ..machine.work import table
 from ..parallel.layer_shape import of_plan
-from ..parallel.tp_block import declared_block
+from ..parallel.tensor_parallel.block_work import declared_block
 from .precision_of import plan_context
 from .timing import Timer
 

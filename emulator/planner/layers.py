@@ -6,7 +6,7 @@ describes every layer one rank of a pipeline stage runs:
 
 * ``ops``: per pass (``F``, ``B`` the input gradient, ``W`` the weight gradients, ``F0``
   the forward run again under full recomputation) the items of the modules' own
-  declarations (:func:`emulator.parallel.tp_block.block_work`,
+  declarations (:func:`emulator.parallel.tensor_parallel.block_work.block_work`,
   :func:`~emulator.parallel.mesh_model.embedding_work`, ``head_work``, ``loss_work``): the
   same kernels and collectives the emulator charges as the modules run. Nothing here
   restates a module's work;
@@ -29,7 +29,7 @@ from ..machine.work import RingAttention, dtype_bytes, flops_of
 from ..parallel.attention_cores import causal_share
 from ..parallel.layer_shape import of_plan
 from ..parallel.mesh_model import embedding_work, head_work, loss_work
-from ..parallel.tp_block import declared_block
+from ..parallel.tensor_parallel.block_work import declared_block
 from ..parallel.dims import ParallelDims
 from ..parallel.pipeline.stage import split_layers
 from ..parallel.pipeline.actions import stage_of

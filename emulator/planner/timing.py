@@ -164,7 +164,7 @@ class Timer:
     def bulk_saving(self, layer, r):
         """Seconds an unsplit backward saves by running each part's all-gather of its input
         beside its input-gradient GEMM, and its input gradient's reduce-scatter beside its
-        weight-gradient GEMMs (as :class:`emulator.parallel.tp_regions.ColumnThenRow` does),
+        weight-gradient GEMMs (as :class:`emulator.parallel.tensor_parallel.linear.ColumnThenRow` does),
         the GEMMs slowed by the SMs TE's bulk overlap takes."""
         b, w = layer.ops["B"], layer.ops["W"]
         saving = 0.0

@@ -12,7 +12,7 @@ from ml_dtypes import bfloat16
 from .. import nn
 from ..engine.world import World
 from ..accounting import activation_terms
-from ..parallel.tp_block import TensorParallelBlock, cached_terms
+from ..parallel.tensor_parallel.block import TensorParallelBlock, cached_terms
 from .common import new_axes, show_model
 
 RECOMPUTE = ("none", "selective", "full")

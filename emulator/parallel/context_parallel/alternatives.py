@@ -7,8 +7,9 @@
   this way (CP 16), with the zigzag layout.
 * **Ulysses** (``ulysses_attention``, DeepSpeed): an all-to-all turns "my positions, every
   head" into "every position, my heads"; each rank runs ordinary attention on h/c heads;
-  a second all-to-all turns the output back. Its messages shrink as c grows, but c can
-  be at most the number of heads (h must divide by c).
+  a second all-to-all turns the output back (the swap of :mod:`.ulysses`, which the
+  block's :class:`~emulator.parallel.attention_cores.UlyssesCore` runs too). Its messages
+  shrink as c grows, but c can be at most the number of heads (h must divide by c).
 
 Forward only: they are here to be measured beside the ring (traffic, memory, limits).
 """
@@ -17,9 +18,9 @@ import math
 
 import numpy as np
 
-from ...errors import ConfigError
-from ...nn.attention_core import causal_mask, softmax
+from ...nn.attention_core import softmax
 from .layout import gather_sequence, positions
+from .ulysses import causal_allowed, heads_per_rank, to_head_shards, to_sequence_shards
 
 
 def _attention(q, k, v, allowed):
@@ -47,22 +48,16 @@ def all_gather_attention(comm, q, k, v, causal=False, layout="contiguous"):
     return out
 
 
-def ulysses_attention(comm, q, k, v, causal=False):
+def ulysses_attention(comm, q, k, v, causal=False, layout="contiguous"):
     """Attention with an all-to-all from sequence shards to head shards and back.
-    ``q``, ``k``, ``v``: (b, h, n, d), this rank's contiguous positions, every head."""
+    ``q``, ``k``, ``v``: (b, h, n, d), this rank's positions (in ``layout``), every head."""
     c = comm.size
     b, h, n, d = q.shape
-    if h % c:
-        raise ConfigError(f"rank {comm.global_rank}: Ulysses gives each rank h/c heads; {h} heads do not split "
-                          f"over {c} ranks (c can be at most the number of heads)")
-    g = h // c
-    qkv = np.stack([q, k, v])  # (3, b, h, n, d)
-    parts = comm.all_to_all([qkv[:, :, j * g:(j + 1) * g] for j in range(c)])  # from rank j: its positions
-    full = np.concatenate(parts, axis=3)  # (3, b, g, s, d): every position, my heads
+    g = heads_per_rank(comm, h)
+    full = to_head_shards(comm, np.stack([q, k, v]), heads=2, seq=3)  # (3, b, g, s, d): every position, my heads
     comm.memory.hold("all positions, my heads", full, "buffers")
     s = full.shape[3]
     comm.compute(flops=4 * b * g * s * s * d, name="attention on my heads")
-    o = _attention(full[0], full[1], full[2], causal_mask(s, s) if causal else None)
+    o = _attention(full[0], full[1], full[2], causal_allowed(c, n, layout)[0] if causal else None)
     comm.memory.release("all positions, my heads")
-    back = comm.all_to_all([o[:, :, j * n:(j + 1) * n] for j in range(c)])  # from rank j: my positions, its heads
-    return np.concatenate(back, axis=1)
+    return to_sequence_shards(comm, o, n)  # (b, h, n, d): my positions, every head

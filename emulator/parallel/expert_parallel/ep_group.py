@@ -4,7 +4,7 @@ parallelism: :func:`forward` and :func:`backward`, as lesson 05 calls them."""
 import numpy as np
 
 from ...errors import ConfigError
-from ..tp_regions import TPRegions
+from ..tensor_parallel.regions import TPRegions
 from .layer import ParallelMoE
 from .token_groups import TokenGroup
 

@@ -3,7 +3,7 @@ the router, the count exchange, the all-to-alls each way and each local expert's
 
 from ...machine import elementwise
 from ...machine.work import AllToAll, Collective, Gemm, Memory, Work, dtype_bytes
-from ..tp_regions import region_gather, region_gather_back, region_reduce, region_reduce_back, wgrad
+from ..tensor_parallel.regions_work import region_gather, region_gather_back, region_reduce, region_reduce_back, wgrad
 
 
 def expert_kernels(s, ctx, counts, backward=False):
