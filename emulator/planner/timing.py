@@ -29,6 +29,7 @@ import numpy as np
 from ..cost import RING_STEPS, all_to_all_time, collective_time, p2p_time
 from ..machine.comm_overlap import contention, pipelined, ring_exchange, sm_slowdown
 from ..machine.work import AllToAll, Collective, RingAttention, is_kernel
+from ..parallel.pipeline.actions import source
 from .memory import byte_sizes, zero3_held
 
 
@@ -390,19 +391,13 @@ def simulate(actions, durations, hop, host=None):
     Returns ``{rank: [(action, start, end)]}``."""
     p = len(actions)
     v = 1 + max(a.chunk for acts in actions for a in acts)
-    last = p * v - 1
     hops = {}
     plans = []  # per rank: (key of this action's end, key it waits for or None, seconds of the hop)
     for r in range(p):
         row = []
         for a in actions[r]:
-            s = a.chunk * p + r
-            if a.kind == "F" and s > 0:
-                dep = ((s - 1) % p, "F", a.microbatch, (s - 1) // p)
-            elif a.kind == "B" and s < last:
-                dep = ((s + 1) % p, "B", a.microbatch, (s + 1) // p)
-            else:
-                dep = None
+            src = source(p, v, r, a)
+            dep = None if src is None else (src[0], a.kind, a.microbatch, src[1])
             h = 0.0
             if dep is not None and dep[0] != r:
                 if (dep[0], r) not in hops:

@@ -18,30 +18,12 @@ measures the same on the emulator, with real models, FLOPs and messages.
 from collections import defaultdict
 
 from ...errors import ConfigError
-from .actions import Action, place_of, shape_of, stage_of
+from .actions import Action, dependencies, destination, shape_of
 
 
 class ScheduleError(ConfigError):
     """A schedule no executor can run: an action missing or repeated, out of order on its
     rank, messages matched in the wrong order, or ranks waiting on each other."""
-
-
-def dependencies(p, v, rank, action):
-    """What ``action`` on ``rank`` waits for from *other* work: a list of
-    ``(rank, Action)`` (the message it needs comes from that action)."""
-    kind, mb, chunk = action
-    s, last = stage_of(p, rank, chunk), p * v - 1
-    if kind == "F":
-        return [] if s == 0 else [(*_at(p, s - 1, "F", mb),)]
-    if kind == "B":
-        own = [(rank, Action("F", mb, chunk))]
-        return own if s == last else own + [_at(p, s + 1, "B", mb)]
-    return [(rank, Action("B", mb, chunk))]
-
-
-def _at(p, stage, kind, mb):
-    r, c = place_of(p, stage)
-    return r, Action(kind, mb, c)
 
 
 def _check_complete(schedule, p, m, v, has_w):
@@ -77,12 +59,9 @@ def _messages(schedule, p, v):
                     received[(src, r)].append(dep)
     for r, acts in enumerate(schedule):
         for a in acts:
-            s = stage_of(p, r, a.chunk)
-            nxt = s + 1 if a.kind == "F" else s - 1 if a.kind == "B" else None
-            if nxt is not None and 0 <= nxt < p * v:
-                dst = place_of(p, nxt)[0]
-                if dst != r:
-                    sent[(r, dst)].append(a)
+            dst = destination(p, v, r, a)
+            if dst is not None and dst[0] != r:
+                sent[(r, dst[0])].append(a)
     return sent, received
 
 

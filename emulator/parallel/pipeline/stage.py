@@ -38,7 +38,7 @@ from ...errors import ConfigError
 from ...nn.module import sub
 from ...nn.precision import upcast
 from ...machine.work import np_dtype
-from .actions import place_of, stage_of
+from .actions import destination, source, stage_of
 from .partition import LocalParams, split_layers
 
 
@@ -118,22 +118,12 @@ class PipelineStage:
 
     def source(self, action):
         """(pipeline rank, chunk) that sends ``action``'s input, or None (first stage's
-        forward, last stage's backward, ``W``)."""
-        s = self.virtual_stage(action.chunk)
-        if action.kind == "F" and s > 0:
-            return place_of(self.p, s - 1)
-        if action.kind == "B" and s < self.p * self.v - 1:
-            return place_of(self.p, s + 1)
-        return None
+        forward, last stage's backward, ``W``): :func:`.actions.source`."""
+        return source(self.p, self.v, self.rank, action)
 
     def destination(self, action):
         """(pipeline rank, chunk) that receives ``action``'s output, or None."""
-        s = self.virtual_stage(action.chunk)
-        if action.kind == "F" and s < self.p * self.v - 1:
-            return place_of(self.p, s + 1)
-        if action.kind == "B" and s > 0:
-            return place_of(self.p, s - 1)
-        return None
+        return destination(self.p, self.v, self.rank, action)
 
     def boundary(self, micro_x):
         """Shape and dtype of what crosses a stage boundary for one micro-batch."""
