@@ -29,7 +29,6 @@ import numpy as np
 from ..cost import RING_STEPS, all_to_all_time, collective_time, p2p_time
 from ..machine.comm_overlap import contention, pipelined, ring_exchange, sm_slowdown
 from ..machine.work import AllToAll, Collective, RingAttention, is_kernel
-from ..parallel.pipeline.actions import source
 from .memory import byte_sizes, zero3_held
 
 
@@ -377,64 +376,3 @@ def prefetched(ts, name, held):
             after = compute[i + 1] if i + 1 < len(order) else 0.0
             total += max(0.0, rs - after) + contention(min(rs, after))
     return total
-
-
-# ----------------------------------------------------------------- the pipeline
-def simulate(actions, durations, hop, host=None):
-    """Play each rank's ``actions`` (lists of Action), action i of rank r lasting
-    ``durations[r][i]`` seconds; a cross-rank dependency's transfer starts when the sender
-    has finished (the executor posts the receive in its batch of that time step, ahead of
-    the action: :mod:`emulator.parallel.pipeline.exchange`), takes ``hop(src, dst)``
-    seconds, and the action starts once it has arrived and the rank is free. ``host[r][i]``:
-    the host's seconds to issue the action; the host runs ahead of the GPU, never waiting
-    for it within a step, and an action ends no earlier than its host has issued all of it.
-    Returns ``{rank: [(action, start, end)]}``."""
-    p = len(actions)
-    v = 1 + max(a.chunk for acts in actions for a in acts)
-    hops = {}
-    plans = []  # per rank: (key of this action's end, key it waits for or None, seconds of the hop)
-    for r in range(p):
-        row = []
-        for a in actions[r]:
-            src = source(p, v, r, a)
-            dep = None if src is None else (src[0], a.kind, a.microbatch, src[1])
-            h = 0.0
-            if dep is not None and dep[0] != r:
-                if (dep[0], r) not in hops:
-                    hops[(dep[0], r)] = hop(dep[0], r)
-                h = hops[(dep[0], r)]
-            row.append(((r, a.kind, a.microbatch, a.chunk), dep, h))
-        plans.append(row)
-    end, free, nxt = {}, [0.0] * p, [0] * p
-    issued = [0.0] * p  # each rank's host: when it has issued its actions so far
-    starts = [[] for _ in range(p)]
-    ends = [[] for _ in range(p)]
-    waiting, ready = {}, list(range(p))  # the rank blocked on each action's end; ranks that can go on
-    while ready:
-        r = ready.pop()
-        row, i, t = plans[r], nxt[r], free[r]
-        dur = durations[r]
-        hosted = host[r] if host is not None else None
-        while i < len(row):
-            key, dep, h = row[i]
-            if dep is not None:
-                done = end.get(dep)
-                if done is None:
-                    waiting[dep] = r
-                    break
-                t = max(t, done + h)
-            starts[r].append(t)
-            t += dur[i]
-            if hosted is not None:
-                issued[r] += hosted[i]
-                t = t if t >= issued[r] else issued[r]
-            ends[r].append(t)
-            end[key] = t
-            i += 1
-            woken = waiting.pop(key, None)
-            if woken is not None:
-                ready.append(woken)
-        nxt[r], free[r] = i, t
-    if any(nxt[r] < len(plans[r]) for r in range(p)):
-        raise RuntimeError("the schedule deadlocks (validate it with emulator.parallel.pipeline.validate)")
-    return {r: list(zip(actions[r], starts[r], ends[r])) for r in range(p)}

@@ -2,7 +2,8 @@
 messages go), and one executor."""
 
 from .actions import Action, dependencies, format_schedule, parse
-from .check import ScheduleError, bubble_of, format_grid, in_flight, simulate, validate
+from .check import bubble_of, format_grid, in_flight, validate
+from .simulator import ScheduleError, simulate
 from .exchange import Step, format_program, local_program, program
 from .executor import (PipelineRun, blocking_loop, micro_batches, run, run_actions, sync_dp_grads,
                        train_pipeline)

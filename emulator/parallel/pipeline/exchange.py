@@ -25,7 +25,7 @@ The frameworks pair messages by time step instead:
   rank's sends and of the receives of what its neighbours send at that time step.
 
 :func:`program` does the same for any valid schedule: it plays the schedule
-(:func:`~emulator.parallel.pipeline.check.simulate`, equal stages) and gives every message
+(:func:`~emulator.parallel.pipeline.simulator.simulate`, equal stages) and gives every message
 the time its producer ends; each rank then posts one batch per such time, in time order,
 holding what it sends then and what it receives then, and waits for a batch only before
 the action that reads what it brings (and for all of them at the end). Two neighbours post
@@ -39,7 +39,7 @@ from collections import defaultdict
 from typing import NamedTuple
 
 from .actions import dependencies, destination, shape_of
-from .check import simulate
+from .simulator import simulate
 
 
 class Step(NamedTuple):
