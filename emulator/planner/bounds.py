@@ -11,7 +11,8 @@ from ..parallel.mesh_hooks import uses_distributed_optimizer
 from ..parallel.pipeline.actions import stage_of
 from .layers import split_names
 from .memory import _actions, byte_sizes, padded, walked_micro_batches
-from .timing import Timer, layer_times
+from .timer import Timer
+from .timing import layer_times
 
 KINDS = ("embed", "blocks.0", "head")  # a stage's layers are these three kinds, counted
 

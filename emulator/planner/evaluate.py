@@ -18,7 +18,8 @@ from .comm import comm_table, expose_as_breakdown
 from .precision_of import plan_context
 from .layers import ops_flops, rank_layers, split_names
 from .memory import KINDS, stage_peaks
-from .timing import Timer, action_durations, layer_times
+from .timer import Timer
+from .timing import action_durations, layer_times
 from .models import ModelSpec
 from .cluster import Cluster
 from ..parallel.pipeline.actions import stage_of
