@@ -39,7 +39,7 @@ from ...nn.module import sub
 from ...nn.precision import upcast
 from ...machine.work import np_dtype
 from .actions import destination, source, stage_of
-from .partition import LocalParams, split_layers
+from .partition import LocalParams, chunk_layers, split_layers  # noqa: F401 -- split_layers also importable from here
 
 
 class PipelineStage:
@@ -59,9 +59,8 @@ class PipelineStage:
         self.comm, self.model, self.v, self.split = comm, model, v, split
         self.p, self.rank = comm.size, comm.rank
         self.memory = comm.memory
-        runs = split_layers(model, self.p * v)
         modules = dict(model.layers)
-        self.chunks = [[(n, modules[n]) for n in runs[stage_of(self.p, self.rank, c)]] for c in range(v)]
+        self.chunks = [[(n, modules[n]) for n in names] for names in chunk_layers(model, self.p, self.rank, v)]
         self.modules = modules
         self.names = [n for chunk in self.chunks for n, _ in chunk]
         if recompute not in ("none", "selective", "full"):
