@@ -40,7 +40,7 @@ from .nn.clip import clip_coefficient, global_norm
 from .nn.module import sub
 from .nn.precision import upcast  # noqa: F401 -- part of this module's interface
 from .parallel.batches import local_batch, split_batch  # noqa: F401 -- part of this module's interface
-from .parallel.pipeline import PipelineStage, program, run_actions, schedule
+from .parallel.pipeline import PipelineStage, program, schedule, train_step
 
 
 @dataclass
@@ -68,9 +68,7 @@ def train(comm, model, strategy, batches, micro_batches=1, recompute=False):
     for x, y in batches:
         xl, yl = local_batch(strategy.comm, x, y)
         parts = split_batch(xl, yl, micro_batches, "micro-batches")
-        step_losses = run_actions(solo, stage, steps, [p[0] for p in parts], [p[1] for p in parts])
-        strategy.step()
-        stage.losses, stage.done = {}, []
+        step_losses = train_step(solo, stage, steps, [p[0] for p in parts], [p[1] for p in parts])
         losses.append(float(np.mean([step_losses[i] for i in sorted(step_losses)])))
     return TrainResult(losses, strategy.params(), strategy.shards())
 

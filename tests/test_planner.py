@@ -20,7 +20,8 @@ from emulator.planner import (ModelSpec, cluster_preset, enumerate_plans, evalua
 from emulator.planner.__main__ import main as cli
 from emulator.planner.layers import _ring_blocks
 from emulator.machine.stack import stack_preset
-from emulator.planner.timing import Timer, ring_collective_time
+from emulator.planner.collective_times import ring_collective_time
+from emulator.planner.timer import Timer
 
 DENSE = ModelSpec(8, 256, 8, 1024, 2048)
 GQA = ModelSpec(8, 256, 8, 768, 2048, n_kv_heads=2, mlp="swiglu")
@@ -290,12 +291,12 @@ def test_long_pipelines_are_extended_along_a_line_exactly(dims, monkeypatch):
 @pytest.mark.parametrize("n,gpus_per_node,piece", [(4, 8, 4096), (8, 4, 65536), (16, 8, 256), (6, 2, 1000)])
 def test_all_to_all_time_is_the_engines(n, gpus_per_node, piece):
     from emulator import World
-    from emulator.planner.timing import _all_to_all
+    from emulator.planner.collective_times import all_to_all_seconds
 
     topo = Topology.h100(gpus_per_node=gpus_per_node)
     world = World(n, topology=topo)
     world.run(lambda comm: comm.all_to_all([np.zeros(piece // 4, np.float32) for _ in range(n)]))
-    assert _all_to_all(piece, tuple(range(n)), topo) == pytest.approx(max(world.stats().time), rel=1e-9)
+    assert all_to_all_seconds(piece, tuple(range(n)), topo) == pytest.approx(max(world.stats().time), rel=1e-9)
 
 
 @pytest.mark.parametrize("dims,seq", [

@@ -56,7 +56,7 @@ from .checkpoint.fit import run_record
 from .context_parallel.layout import split_sequence
 from .data_parallel.finalize import MeshHooks
 from .mesh_model import RankModel, check_model
-from .pipeline import PipelineStage, run_actions, schedule, split_layers
+from .pipeline import PipelineStage, schedule, split_layers, train_step
 from .pipeline.exchange import program as exchange_program
 from .pipeline.actions import stage_of
 from .placement import shard, unshard
@@ -217,7 +217,7 @@ def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_gra
         placements = rank_model.placements(mine)
         where = (placements, rank_model.coords(), rank_model.sizes())
         local = restart.params(comm, *where) if restart is not None else shard(params, *where)
-        hooks = MeshHooks(comms, mine, local, placements, dims, optimizer, comms["tp"])
+        hooks = MeshHooks(comms, mine, local, placements, dims, optimizer, comms["tp"], clip_grad_norm)
         if restart is not None:
             restart.optimizer(comm, hooks, *where)
         train = TrainState(restart.checkpoint if restart is not None else None)
@@ -227,17 +227,9 @@ def run_on_mesh(model, params, batches, dims, optimizer, topology=None, clip_gra
         losses = []
         for i, (x, y) in enumerate(batches):
             mx, my = _micro_inputs(x, y, dims, coords)
-            step = run_actions(comms["pp"], stage, steps[coords["pp"]], mx, my,
-                               scale=1.0 / (dims.dp * dims.cp * dims.micro_batches))
-            hooks.reduce_grads()
-            scale = 1.0
-            if clip_grad_norm is not None:  # over the model-parallel ranks, then the data-parallel ones
-                squares = comms["tp,pp"].all_reduce(np.array([hooks.sum_of_squares()]))
-                norm = float(np.sqrt(comms["dp,cp"].all_reduce(squares)[0]))
-                scale = clip_coefficient(norm, clip_grad_norm)
-            hooks.apply(scale)
+            step = train_step(comms["pp"], stage, steps[coords["pp"]], mx, my,
+                              scale=1.0 / (dims.dp * dims.cp * dims.micro_batches))
             comm.sync_host()  # the step's loss is read on the host
-            stage.losses, stage.done = {}, []
             losses.append([step[k] for k in sorted(step)])
             train.advance()
             if saver is not None:

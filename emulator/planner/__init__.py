@@ -13,7 +13,8 @@
 Modules: ``models`` (:class:`ModelSpec`, published presets), ``hf_config`` (a Hugging
 Face ``config.json`` as a :class:`ModelSpec`: :func:`model_from_hf_config`), ``cluster``
 (:class:`Cluster`, presets), ``layers`` (what one rank's layers hold and do), ``memory`` (each rank's peak,
-by kind), ``timing`` (layer passes, the pipeline, the data-parallel tail), ``comm`` (the
+by kind), ``timer`` (a stage's declared work timed on its ranks), ``collective_times`` (a collective's
+closed-form seconds), ``timing`` (layer passes, the pipeline, the data-parallel tail), ``comm`` (the
 table per axis), ``evaluate``, ``ranking`` (:func:`search`), ``exhaustive`` (:func:`exhaustive_search`: every
 setting, proven bounds; exact and slow), ``run`` (a plan on the emulator, predicted
 beside measured), ``published`` (published runs, with sources). ``pfs-planner --help``

@@ -35,7 +35,7 @@ from ..machine.work import table
 from ..parallel.layer_shape import of_plan
 from ..parallel.tensor_parallel.block_work import declared_block
 from .precision_of import plan_context
-from .timing import Timer
+from .timer import Timer
 
 SUFFIX = {"K": 2**10, "M": 2**20, "G": 2**30}
 DAY = 86400.0  # seconds: a step longer than this is no training run

@@ -11,7 +11,8 @@ from ..parallel.data_parallel.ladder import uses_distributed_optimizer
 from ..parallel.pipeline.actions import stage_of
 from .layers import split_names
 from .memory import _actions, byte_sizes, padded, walked_micro_batches
-from .timing import Timer, layer_times
+from .timer import Timer
+from .timing import layer_times
 
 KINDS = ("embed", "blocks.0", "head")  # a stage's layers are these three kinds, counted
 
@@ -213,7 +214,7 @@ def step_bound(part, kinds, times, z, sched, v, m):
 
     ``evaluate``'s step is ``max_r (end_r + tail_r + optimizer_r)``: rank r's pipeline end,
     its data-parallel tail (>= 0; here its closed form where ``dp_tail`` has one, else 0)
-    and its optimizer update (here exactly). :func:`~emulator.planner.timing.simulate` runs
+    and its optimizer update (here exactly). :func:`~emulator.parallel.pipeline.simulator.play` runs
     each rank's actions one after another, each no earlier than its input arrives, so:
 
     1. ``end_r >= Fchain_r + m W_r``: rank r's first action waits for micro-batch 0's

@@ -8,7 +8,7 @@ ranks holding the same experts).
 """
 
 from ..machine.work import AllToAll, Collective, RingAttention
-from ..parallel.pipeline.actions import place_of, stage_of
+from ..parallel.pipeline.actions import destination, source
 from ..records.table import Table
 from .memory import byte_sizes
 from ..parallel.data_parallel.ladder import uses_distributed_optimizer
@@ -171,21 +171,16 @@ def expose_as_breakdown(table, parts):
 
 def _hop(timer, dims, boundary, r, action):
     """(seconds, port kinds) of the transfer that brings ``action`` its input, or (0, None)."""
-    p, v = dims.pp, dims.v
-    s = stage_of(p, r, action.chunk)
-    if action.kind == "F" and s > 0:
-        src = place_of(p, s - 1)[0]
-    elif action.kind == "B" and s < p * v - 1:
-        src = place_of(p, s + 1)[0]
-    else:
+    src = source(dims.pp, dims.v, r, action)
+    if src is None:
         return 0.0, None
+    src = src[0]
     per = dims.dp * dims.cp * dims.tp
     crosses = (src * per) // timer.g != (r * per) // timer.g
     return timer.p2p(boundary, src, r), frozenset({"nic" if crosses else "nvlink"})
 
 
 def _crosses(action, r, p, v):
-    s = stage_of(p, r, action.chunk)
-    if action.kind == "F":
-        return s < p * v - 1
-    return s > 0
+    """Whether ``action``'s output goes to another pipeline rank."""
+    dst = destination(p, v, r, action)
+    return dst is not None and dst[0] != r

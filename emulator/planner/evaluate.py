@@ -18,10 +18,12 @@ from .comm import comm_table, expose_as_breakdown
 from .precision_of import plan_context
 from .layers import ops_flops, rank_layers, split_names
 from .memory import KINDS, stage_peaks
-from .timing import Timer, action_durations, layer_times, simulate
+from .timer import Timer
+from .timing import action_durations, layer_times
 from .models import ModelSpec
 from .cluster import Cluster
 from ..parallel.pipeline.actions import stage_of
+from ..parallel.pipeline import simulator
 from ..machine import elementwise
 
 
@@ -197,7 +199,8 @@ def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=Non
         durations = [action_durations(actions[r], per_layer[r], dims, prefetch=ctx.stack.fsdp_prefetch)
                      for r in range(p)]
         host = [action_durations(actions[r], per_layer[r], dims, host=True) for r in range(p)]
-        timing = simulate(actions, durations, lambda src, dst: timer.p2p(boundary, src, dst), host)
+        timing = simulator.play(actions, durations, lambda src, dst: timer.p2p(boundary, src, dst), host,
+                                _waits(dims.schedule, p, m_sim, v))
         ends = [max(e for _, _, e in timing[r]) for r in range(p)]
         busy = sum(e - s0 for r in range(p) for _, s0, e in timing[r])
         tails, table = comm_table(est, layers, per_layer, timer, timing, boundary, ctx, m_sim)
@@ -246,6 +249,12 @@ def steady_cap(p, v=1):
 @lru_cache(maxsize=256)
 def _schedule(name, p, m, v):
     return schedule(name, p, m, v)
+
+
+@lru_cache(maxsize=256)
+def _waits(name, p, m, v):
+    """What each action of the schedule waits for (:func:`emulator.parallel.pipeline.simulator.waits_of`)."""
+    return simulator.waits_of(_schedule(name, p, m, v))
 
 
 def _stage(p, r, c):

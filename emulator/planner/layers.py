@@ -31,7 +31,7 @@ from ..parallel.layer_shape import of_plan
 from ..parallel.mesh_model import embedding_work, head_work, loss_work
 from ..parallel.tensor_parallel.block_work import declared_block
 from ..parallel.dims import ParallelDims
-from ..parallel.pipeline.stage import split_layers
+from ..parallel.pipeline.partition import split_layers
 from ..parallel.pipeline.actions import stage_of
 from .precision_of import plan_context
 

@@ -21,7 +21,8 @@ from .evaluate import evaluate, structural_problems
 from .layers import rank_layers, split_names
 from .memory import byte_sizes
 from .precision_of import plan_context
-from .timing import Timer, layer_times
+from .timer import Timer
+from .timing import layer_times
 
 
 @dataclass(frozen=True)

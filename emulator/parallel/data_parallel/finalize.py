@@ -14,6 +14,7 @@ norm (every parameter counted once), and applies.
 
 import numpy as np
 
+from ...nn.clip import clip_coefficient
 from .flat_layout import reduce_flat
 from .ladder import strategy_for
 
@@ -29,8 +30,9 @@ class MeshHooks:
     """The stage's hooks on a mesh: each layer's parameters split by the group their
     gradients are reduced over, one strategy per group."""
 
-    def __init__(self, comms, layer_names, params, placements, dims, opt, tp):
+    def __init__(self, comms, layer_names, params, placements, dims, opt, tp, clip_grad_norm=None):
         self.tp, self.placements = tp, placements
+        self.comms, self.clip_grad_norm = comms, clip_grad_norm
         self.parts = {}  # layer -> [(group, unit, keys)]
         units = {"dense": [], "experts": []}
         flat = {"dense": {}, "experts": {}}
@@ -85,6 +87,17 @@ class MeshHooks:
             self.strategies[group].grads_ready(unit, {k: grads[k] for k in keys}, last)
 
     # ----------------------------------------------------------------- the step
+    def step(self):
+        """After the batch: reduce, clip by the global norm (when the run clips; the squares
+        summed over the model-parallel ranks, then the data-parallel ones), apply."""
+        self.reduce_grads()
+        scale = 1.0
+        if self.clip_grad_norm is not None:
+            squares = self.comms["tp,pp"].all_reduce(np.array([self.sum_of_squares()]))
+            norm = float(np.sqrt(self.comms["dp,cp"].all_reduce(squares)[0]))
+            scale = clip_coefficient(norm, self.clip_grad_norm)
+        self.apply(scale)
+
     def reduce_grads(self):
         for s in self.strategies.values():
             s.reduce_grads()

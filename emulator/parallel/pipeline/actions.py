@@ -13,6 +13,12 @@ interleaving: rank 0 holds stages 0 and p, rank 1 stages 1 and p + 1, ...).
 
 ``format_schedule`` prints it compactly (``F0 F1 B0 F2 B1 ...``; ``F3.1`` is micro-batch 3
 on chunk 1) and ``parse`` reads that back, so a schedule can be written by hand.
+
+The neighbour rule lives here, once: an ``F`` takes its input from the virtual stage before
+(:func:`source`) and sends its output to the stage after (:func:`destination`), a ``B`` the
+other way, a ``W`` neither; :func:`dependencies` adds what an action waits for on its own
+rank (``B`` its forward, ``W`` its ``B``). Validation, the simulator, each rank's program,
+the stage, the executor and the planner all ask these three.
 """
 
 import re
@@ -81,3 +87,43 @@ def stage_of(p, rank, chunk):
 def place_of(p, stage):
     """(rank, chunk) holding virtual stage ``stage``."""
     return stage % p, stage // p
+
+
+# ----------------------------------------------------------------- the neighbour rule
+def source(p, v, rank, action):
+    """(rank, chunk) whose output is ``action``'s input: the stage before for ``F``, the
+    stage after for ``B``; None for the first stage's forward, the last stage's backward and
+    ``W`` (its inputs are its own rank's)."""
+    s = stage_of(p, rank, action.chunk)
+    if action.kind == "F" and s > 0:
+        return place_of(p, s - 1)
+    if action.kind == "B" and s < p * v - 1:
+        return place_of(p, s + 1)
+    return None
+
+
+def destination(p, v, rank, action):
+    """(rank, chunk) that takes ``action``'s output as its input, or None (the last stage's
+    forward ends in the loss, the first stage's backward in the embedding, ``W`` sends
+    nothing)."""
+    s = stage_of(p, rank, action.chunk)
+    if action.kind == "F" and s < p * v - 1:
+        return place_of(p, s + 1)
+    if action.kind == "B" and s > 0:
+        return place_of(p, s - 1)
+    return None
+
+
+def dependencies(p, v, rank, action):
+    """What ``action`` on ``rank`` waits for from other work: a list of ``(rank, Action)``:
+    on its own rank the forward a ``B`` needs (its cached activations) and the ``B`` a ``W``
+    needs (its output gradients), and the neighbour's action whose message it needs
+    (:func:`source`)."""
+    kind, mb, chunk = action
+    src = source(p, v, rank, action)
+    sent = [] if src is None else [(src[0], Action(kind, mb, src[1]))]
+    if kind == "F":
+        return sent
+    if kind == "B":
+        return [(rank, Action("F", mb, chunk))] + sent
+    return [(rank, Action("B", mb, chunk))]

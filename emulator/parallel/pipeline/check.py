@@ -8,40 +8,18 @@ matches the k-th send from a to b with the k-th receive on b from a: there are n
 and the ranks cannot all end up waiting on each other. It raises :class:`ScheduleError`
 saying what is wrong.
 
-``simulate(schedule, costs)`` plays the schedule on a free network with every stage
-equally fast (``costs = (t_f, t_b, t_w)`` per whole stage, so a chunk's action takes
-``1/v`` of it) and returns when each action starts and ends: the grid a schedule is
-drawn on, and the bubble its formula predicts. :func:`emulator.parallel.pipeline.run`
-measures the same on the emulator, with real models, FLOPs and messages.
+``simulate(schedule, costs)`` (:mod:`.simulator`) plays the schedule on a free network with
+every stage equally fast (``costs = (t_f, t_b, t_w)`` per whole stage, so a chunk's action
+takes ``1/v`` of it) and returns when each action starts and ends: :func:`format_grid`
+draws it, :func:`bubble_of` reads the bubble its formula predicts.
+:func:`emulator.parallel.pipeline.run` measures the same on the emulator, with real models,
+FLOPs and messages.
 """
 
 from collections import defaultdict
 
-from ...errors import ConfigError
-from .actions import Action, place_of, shape_of, stage_of
-
-
-class ScheduleError(ConfigError):
-    """A schedule no executor can run: an action missing or repeated, out of order on its
-    rank, messages matched in the wrong order, or ranks waiting on each other."""
-
-
-def dependencies(p, v, rank, action):
-    """What ``action`` on ``rank`` waits for from *other* work: a list of
-    ``(rank, Action)`` (the message it needs comes from that action)."""
-    kind, mb, chunk = action
-    s, last = stage_of(p, rank, chunk), p * v - 1
-    if kind == "F":
-        return [] if s == 0 else [(*_at(p, s - 1, "F", mb),)]
-    if kind == "B":
-        own = [(rank, Action("F", mb, chunk))]
-        return own if s == last else own + [_at(p, s + 1, "B", mb)]
-    return [(rank, Action("B", mb, chunk))]
-
-
-def _at(p, stage, kind, mb):
-    r, c = place_of(p, stage)
-    return r, Action(kind, mb, c)
+from .actions import Action, dependencies, destination, shape_of
+from .simulator import ScheduleError, simulate
 
 
 def _check_complete(schedule, p, m, v, has_w):
@@ -77,12 +55,9 @@ def _messages(schedule, p, v):
                     received[(src, r)].append(dep)
     for r, acts in enumerate(schedule):
         for a in acts:
-            s = stage_of(p, r, a.chunk)
-            nxt = s + 1 if a.kind == "F" else s - 1 if a.kind == "B" else None
-            if nxt is not None and 0 <= nxt < p * v:
-                dst = place_of(p, nxt)[0]
-                if dst != r:
-                    sent[(r, dst)].append(a)
+            dst = destination(p, v, r, a)
+            if dst is not None and dst[0] != r:
+                sent[(r, dst[0])].append(a)
     return sent, received
 
 
@@ -97,47 +72,6 @@ def _check_message_order(schedule, p, v):
                     f"meets the k-th receive), but message #{k} is sent after {a} on rank {src} and received for "
                     f"the action that needs {b}'s output on rank {dst}. Reorder one of the two ranks so that both "
                     f"handle their messages in the same order.")
-
-
-def simulate(schedule, costs=(1.0, 1.0, 1.0)):
-    """Play ``schedule`` with stage costs ``(t_f, t_b, t_w)`` on a free network. Returns
-    ``{rank: [(action, start, end), ...]}`` in each rank's order. Raises
-    :class:`ScheduleError` if the ranks end up waiting on each other."""
-    p, m, v, has_w = shape_of(schedule)
-    t_f, t_b, t_w = costs
-    dur = {"F": t_f / v, "B": (t_b if has_w else t_b + t_w) / v, "W": t_w / v}
-    end, free, nxt = {}, [0.0] * p, [0] * p
-    out = {r: [] for r in range(p)}
-    remaining = sum(len(a) for a in schedule)
-    while remaining:
-        progressed = False
-        for r in range(p):
-            while nxt[r] < len(schedule[r]):
-                a = schedule[r][nxt[r]]
-                deps = dependencies(p, v, r, a)
-                if any(d not in end for d in deps):
-                    break
-                start = max([free[r]] + [end[d] for d in deps])
-                end[(r, a)] = free[r] = start + dur[a.kind]
-                out[r].append((a, start, free[r]))
-                nxt[r] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise ScheduleError(_stuck(schedule, p, v, nxt, end))
-    return out
-
-
-def _stuck(schedule, p, v, nxt, end):
-    lines = ["the ranks wait on each other (a deadlock on a cluster too):"]
-    for r in range(p):
-        if nxt[r] == len(schedule[r]):
-            lines.append(f"  rank {r} has finished")
-            continue
-        a = schedule[r][nxt[r]]
-        waits = [f"{d} on rank {dr}" for dr, d in dependencies(p, v, r, a) if (dr, d) not in end]
-        lines.append(f"  rank {r} is stuck on action #{nxt[r]} {a}: it needs {', '.join(waits)}")
-    return "\n".join(lines)
 
 
 def validate(schedule, p=None, m=None, v=None):

@@ -25,7 +25,7 @@ The frameworks pair messages by time step instead:
   rank's sends and of the receives of what its neighbours send at that time step.
 
 :func:`program` does the same for any valid schedule: it plays the schedule
-(:func:`~emulator.parallel.pipeline.check.simulate`, equal stages) and gives every message
+(:func:`~emulator.parallel.pipeline.simulator.simulate`, equal stages) and gives every message
 the time its producer ends; each rank then posts one batch per such time, in time order,
 holding what it sends then and what it receives then, and waits for a batch only before
 the action that reads what it brings (and for all of them at the end). Two neighbours post
@@ -38,8 +38,8 @@ reached (whatever the real costs turn out to be), with or without interleaving, 
 from collections import defaultdict
 from typing import NamedTuple
 
-from .actions import place_of, shape_of, stage_of
-from .check import dependencies, simulate
+from .actions import dependencies, destination, shape_of
+from .simulator import simulate
 
 
 class Step(NamedTuple):
@@ -114,9 +114,8 @@ def local_program(schedule):
 
 def _sends(p, v, rank, action):
     """Whether ``action``'s output goes to another rank."""
-    s = stage_of(p, rank, action.chunk)
-    nxt = s + 1 if action.kind == "F" else s - 1 if action.kind == "B" else None
-    return nxt is not None and 0 <= nxt < p * v and place_of(p, nxt)[0] != rank
+    dst = destination(p, v, rank, action)
+    return dst is not None and dst[0] != rank
 
 
 def format_program(steps):

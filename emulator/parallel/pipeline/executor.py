@@ -12,8 +12,10 @@ every m).
 
 ``run(world, model, params, schedule, x, y)`` runs one step of ``schedule`` on a world of
 ``p`` ranks and reports, if the ranks end up waiting on each other, the action each one
-is stuck on. ``train_pipeline`` adds data parallelism and the optimizer: a mesh with axes
-``dp`` and ``pp``, gradients all-reduced over ``dp`` once a stage's backwards are done.
+is stuck on. :func:`train_step` is one training step, every run's: the program, then the
+stage's hooks reduce, clip and apply. ``train_pipeline`` trains with it, adding data
+parallelism and the optimizer: a mesh with axes ``dp`` and ``pp``, gradients all-reduced
+over ``dp`` once a stage's backwards are done.
 """
 
 from dataclasses import dataclass
@@ -22,11 +24,13 @@ import numpy as np
 
 from ...errors import ConfigError, DeadlockError
 from ...algorithms.p2p_op import P2POp
+from ...nn.module import sub
 from ..batches import local_batch, split_batch
 from ..data_parallel.flat_layout import reduce_flat
 from .actions import shape_of
 from .check import ScheduleError, validate
 from .exchange import local_program, program
+from .partition import ReplicatedParams, chunk_layers
 from .stage import PipelineStage
 
 
@@ -194,12 +198,28 @@ def sync_dp_grads(dp, grads):
     return {k: reduced[k] / dp.size for k in sorted(grads)}
 
 
+def train_step(comm, stage, steps, micro_x, micro_y, scale=None, loop=None):
+    """One training step of this rank, the same in every run (:func:`train_pipeline`,
+    :func:`emulator.training.train`, :func:`emulator.parallel.runtime.run_on_mesh`): its
+    program of the schedule (``loop``, default :func:`run_actions`, with the losses scaled by
+    ``scale``), then the stage's hooks finish the step (``hooks.step()``: reduce the
+    gradients, clip them where the run does, apply the optimizer), and the stage is cleared
+    for the next batch. Returns the micro-batches' losses (on the last stage)."""
+    loop = loop or run_actions
+    losses = loop(comm, stage, steps, micro_x, micro_y) if scale is None else \
+        loop(comm, stage, steps, micro_x, micro_y, scale=scale)
+    stage.hooks.step()
+    stage.losses, stage.done = {}, []
+    return losses
+
+
 def train_pipeline(comm, model, params, batches, schedule, opt, costs=None, sync=sync_dp_grads, loop=None):
     """Train on ``batches`` with pipeline parallelism along the mesh axis ``pp`` (or the
     whole world) and, if the mesh has a ``dp`` axis, data parallelism along it: each dp
     replica runs its slice of every batch through ``schedule``; once a stage's last
     backward is done, ``sync(dp_group, grads)`` averages its gradients over its dp group,
-    and it steps its own optimizer. Returns ``(this stage's parameters, losses per step
+    and it steps its own optimizer (:class:`~.partition.ReplicatedParams`, the stage's hooks;
+    each step is :func:`train_step`). Returns ``(this stage's parameters, losses per step
     on the last stage, else None)``."""
     axes = comm.mesh.axes if comm.mesh is not None else ()
     pp = comm.group("pp") if "pp" in axes else comm
@@ -207,33 +227,15 @@ def train_pipeline(comm, model, params, batches, schedule, opt, costs=None, sync
     p, m, v, split = shape_of(schedule)
     if pp.size != p:
         raise ConfigError(f"the schedule has {p} ranks, the pipeline group {pp.size}")
-    stage = PipelineStage(pp, model, params, v=v, split=split, costs=costs)
+    mine = [n for chunk in chunk_layers(model, p, pp.rank, v) for n in chunk]
+    hooks = ReplicatedParams(pp.memory, {n: sub(params, n) for n in mine}, opt, dp, sync)
+    stage = PipelineStage(pp, model, v=v, split=split, costs=costs, hooks=hooks)
     steps = program(schedule, costs)[pp.rank]
-    state = opt.init(stage.flat_params())
-    comm.memory.hold("optimizer", state, "optimizer")
     losses = []
     for x, y in batches:
         if dp is not None:
             x, y = local_batch(dp, x, y)
         micro_x, micro_y = micro_batches(x, y, m)
-        step_losses = (loop or run_actions)(pp, stage, steps, micro_x, micro_y)
-        grads = {f"{n}.{k}": g for n, gs in stage.grads.items() for k, g in gs.items()}
-        if dp is not None:
-            grads = sync(dp, grads)
-        flat = stage.flat_params()
-        new, state = opt.step(flat, {k: g.astype(flat[k].dtype) for k, g in grads.items()}, state)
-        for key, value in new.items():
-            layer, name = _split_key(key, stage.params)
-            stage.params[layer][name] = value
-        for name in list(stage.grads):
-            comm.memory.release(f"grads {name}")
-        stage.grads, stage.losses, stage.done = {}, {}, []
+        step_losses = train_step(pp, stage, steps, micro_x, micro_y, loop=loop)
         losses.append(float(np.mean(list(step_losses.values()))) if step_losses else None)
-    return stage.flat_params(), losses
-
-
-def _split_key(key, layer_params):
-    for layer in layer_params:
-        if key.startswith(layer + "."):
-            return layer, key[len(layer) + 1:]
-    raise KeyError(key)
+    return hooks.flat_params(), losses

@@ -1,10 +1,12 @@
-"""What a pipeline rank holds: its share of the model's layers (:func:`split_layers`), and,
-when no data-parallel strategy serves them, its layers' parameters and their summed
-gradients (:class:`LocalParams`)."""
+"""What a pipeline rank holds: its share of the model's layers (:func:`split_layers`,
+:func:`chunk_layers`), and, when no data-parallel strategy serves them, its layers'
+parameters and their summed gradients (:class:`LocalParams`), replicated over a
+data-parallel group with an optimizer of their own (:class:`ReplicatedParams`)."""
 
 import numpy as np
 
 from ...errors import ConfigError
+from .actions import stage_of
 
 
 def split_layers(model, parts):
@@ -32,6 +34,13 @@ def split_layers(model, parts):
     return runs
 
 
+def chunk_layers(model, p, rank, v=1):
+    """The layer names of each of pipeline rank ``rank``'s ``v`` chunks: chunk ``c`` is
+    virtual stage ``c * p + rank`` of :func:`split_layers`."""
+    runs = split_layers(model, p * v)
+    return [runs[stage_of(p, rank, c)] for c in range(v)]
+
+
 class LocalParams:
     """Hooks for a stage that holds its layers' parameters (held in the ledger as
     ``params``) and sums their gradients over micro-batches (``grads``, per layer)."""
@@ -56,3 +65,35 @@ class LocalParams:
         else:
             self.grads[name] = grads
             self.memory.hold(f"grads {name}", grads, "grads")
+
+
+class ReplicatedParams(LocalParams):
+    """:class:`LocalParams` replicated over a data-parallel group ``dp`` (None: not
+    replicated), with an optimizer of their own: after the batch, :meth:`step` hands the
+    summed gradients (``{"layer.key": array}``) to ``sync(dp, grads)``, which returns them
+    averaged over the group (:func:`~.executor.sync_dp_grads`: one flat all-reduce), and
+    ``opt`` updates the parameters."""
+
+    def __init__(self, memory, params_by_layer, opt, dp=None, sync=None):
+        super().__init__(memory, params_by_layer)
+        self.opt, self.dp, self.sync = opt, dp, sync
+        self.state = opt.init(self.flat_params())
+        memory.hold("optimizer", self.state, "optimizer")
+
+    def flat_params(self):
+        """The parameters as ``{"layer.key": array}``."""
+        return {f"{n}.{k}": v for n, p in self.params.items() for k, v in p.items()}
+
+    def step(self):
+        grads = {f"{n}.{k}": g for n, gs in self.grads.items() for k, g in gs.items()}
+        if self.dp is not None:
+            grads = self.sync(self.dp, grads)
+        flat = self.flat_params()
+        new, self.state = self.opt.step(flat, {k: g.astype(flat[k].dtype) for k, g in grads.items()}, self.state)
+        keys = {f"{n}.{k}": (n, k) for n, p in self.params.items() for k in p}
+        for key, value in new.items():
+            layer, name = keys[key]
+            self.params[layer][name] = value
+        for name in list(self.grads):
+            self.memory.release(f"grads {name}")
+        self.grads = {}

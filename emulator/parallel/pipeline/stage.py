@@ -12,18 +12,16 @@ stage ``c * p + r``.
 where gradients go is the business of its ``hooks``, the same hooks a training step gives
 a data-parallel strategy (:mod:`emulator.training`): ``params_for_forward(layer, next)``,
 ``after_forward(layer)``, ``params_for_backward(layer, next)``, ``grads_ready(layer, grads,
-last)``. So DDP and ZeRO-1/2/3 run inside a stage, and a run without pipelining is a
-one-stage pipeline. Without hooks the stage keeps its layers' parameters and sums their
-gradients itself (:class:`LocalParams`).
+last)``, and ``step()`` once the batch is done (:func:`~.executor.train_step`). So DDP and
+ZeRO-1/2/3 run inside a stage, and a run without pipelining is a one-stage pipeline.
+Without hooks the stage keeps its layers' parameters and sums their gradients itself
+(:class:`LocalParams`).
 
-It keeps the rank's ledger of ``activations``: what each layer's forward cached for a
-micro-batch, held from ``F`` until the loop calls :meth:`PipelineStage.free` once the
-micro-batch's backward is done (``B``, or ``W`` when the backward is split: the weight
-gradient needs the layers' inputs; the output gradients ``B`` keeps for ``W`` are held
-too, under ``grad-out``). With ``release="layer"`` each layer's activations go as soon as
-its own backward is done, as autograd frees saved tensors while backward proceeds (the
-training loop's behaviour). With ``recompute="full"`` a layer keeps only its input and
-runs its forward again in backward.
+It keeps the rank's ledger of ``activations`` (:class:`~.activations.ActivationLedger`):
+what each layer's forward cached for a micro-batch, from ``F`` until the loop calls
+:meth:`PipelineStage.free` once the micro-batch's backward is done; with
+``release="layer"`` each layer's as soon as its own backward is done. With
+``recompute="full"`` a layer keeps only its input and runs its forward again in backward.
 
 Compute is charged layer by layer from each layer's FLOPs (so a strategy's communication
 overlaps the layers still computing), or, with ``costs=(t_f, t_b, t_w)``, as fixed seconds
@@ -38,11 +36,12 @@ from ...errors import ConfigError
 from ...nn.module import sub
 from ...nn.precision import upcast
 from ...machine.work import np_dtype
-from .actions import place_of, stage_of
-from .partition import LocalParams, split_layers
+from .actions import destination, source, stage_of
+from .activations import ActivationLedger
+from .partition import LocalParams, chunk_layers, split_layers  # noqa: F401 -- split_layers also importable from here
 
 
-class PipelineStage:
+class PipelineStage(ActivationLedger):
     """Pipeline rank ``comm.rank`` of ``comm.size``, holding ``v`` chunks of ``model``.
 
     ``model`` has ``layers`` (a list of ``(name, module)``); optionally ``boundary(shape)``
@@ -59,17 +58,14 @@ class PipelineStage:
         self.comm, self.model, self.v, self.split = comm, model, v, split
         self.p, self.rank = comm.size, comm.rank
         self.memory = comm.memory
-        runs = split_layers(model, self.p * v)
         modules = dict(model.layers)
-        self.chunks = [[(n, modules[n]) for n in runs[stage_of(self.p, self.rank, c)]] for c in range(v)]
+        self.chunks = [[(n, modules[n]) for n in names] for names in chunk_layers(model, self.p, self.rank, v)]
         self.modules = modules
         self.names = [n for chunk in self.chunks for n, _ in chunk]
         if recompute not in ("none", "selective", "full"):
             raise ConfigError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
         self.recompute = recompute == "full"  # selective recomputation happens inside the blocks
-        if release not in ("micro-batch", "layer"):
-            raise ConfigError(f"release must be 'micro-batch' or 'layer', got {release!r}")
-        self.release_by_layer = release == "layer"
+        self._init_activations(release)
         if hooks is None:
             if params is None:
                 raise ConfigError("PipelineStage needs the model's params, or hooks that provide them")
@@ -83,14 +79,10 @@ class PipelineStage:
         dtype = np.dtype(getattr(model, "handed", getattr(model, "dtype", np.float32)))
         self.act = dtype if dtype.kind == "V" or dtype.itemsize == 2 else None
         self.aux_factor = aux_factor
-        self.saved = {}  # (mb, chunk) -> {layer: (input, cache)}
-        self.grad_out = {}  # (mb, chunk) -> {layer: output gradient}, kept from B for W
         self.losses = {}
-        self.backward_done = set()  # (mb, chunk) whose weight gradients are in, activations not yet freed
         self.done = []  # the actions computed so far, in order
         self.weights_done = {}  # (chunk, layer) -> micro-batches whose weight gradients are in
         self.micro_batches = None  # set by the loop that runs the schedule
-        self.micro_batch_bytes = {}  # chunk -> activation bytes one micro-batch's forward holds
 
     @property
     def params(self):
@@ -118,22 +110,12 @@ class PipelineStage:
 
     def source(self, action):
         """(pipeline rank, chunk) that sends ``action``'s input, or None (first stage's
-        forward, last stage's backward, ``W``)."""
-        s = self.virtual_stage(action.chunk)
-        if action.kind == "F" and s > 0:
-            return place_of(self.p, s - 1)
-        if action.kind == "B" and s < self.p * self.v - 1:
-            return place_of(self.p, s + 1)
-        return None
+        forward, last stage's backward, ``W``): :func:`.actions.source`."""
+        return source(self.p, self.v, self.rank, action)
 
     def destination(self, action):
         """(pipeline rank, chunk) that receives ``action``'s output, or None."""
-        s = self.virtual_stage(action.chunk)
-        if action.kind == "F" and s < self.p * self.v - 1:
-            return place_of(self.p, s + 1)
-        if action.kind == "B" and s > 0:
-            return place_of(self.p, s - 1)
-        return None
+        return destination(self.p, self.v, self.rank, action)
 
     def boundary(self, micro_x):
         """Shape and dtype of what crosses a stage boundary for one micro-batch."""
@@ -176,7 +158,7 @@ class PipelineStage:
             self._charge(action, name, "F", flops, 1 / len(chunk))
             self.hooks.after_forward(name)
             kept = None if self.recompute else cache
-            self.memory.hold(f"act {mb}.{c} {name}", h if self.recompute else cache, "activations")
+            self._hold_layer(mb, c, name, h if self.recompute else cache)
             saved[name] = (h, kept)
             h = out
         self.saved[(mb, c)] = saved
@@ -235,8 +217,7 @@ class PipelineStage:
             dy = dx
         self.done.append(action)
         if self.split:
-            self.grad_out[(mb, c)] = outs
-            self.memory.hold(f"grad-out {mb}.{c}", outs, "activations")
+            self._keep_grad_out(mb, c, outs)
         else:
             self.backward_done.add((mb, c))
         return dy
@@ -244,11 +225,7 @@ class PipelineStage:
     def backward_weight(self, action):
         """``W``: the weight gradients of the chunk's layers, from what ``B`` kept."""
         mb, c = action.microbatch, action.chunk
-        if (mb, c) not in self.grad_out:
-            raise ConfigError(f"rank {self.comm.global_rank}: {action} before B{mb}{'.' + str(c) if c else ''}: the "
-                              f"weight gradient needs the output gradients that B computes")
-        outs = self.grad_out.pop((mb, c))
-        self.memory.release(f"grad-out {mb}.{c}")
+        outs = self._take_grad_out(action)
         saved, chunk = self._saved(mb, c), self.chunks[c]
         for name, layer in reversed(chunk):
             x, cache, raw = saved[name]
@@ -258,10 +235,6 @@ class PipelineStage:
             self._grads_ready(mb, c, name, raw, grads)
         self.done.append(action)
         self.backward_done.add((mb, c))
-
-    def _release_layer(self, mb, c, name):
-        if self.release_by_layer:
-            self.memory.release(f"act {mb}.{c} {name}")
 
     def _grads_ready(self, mb, c, name, params, grads):
         """Hand a layer's gradients of micro-batch ``mb`` to the hooks, in the precision
@@ -279,30 +252,6 @@ class PipelineStage:
         if last:
             del self.weights_done[(c, name)]
         self.hooks.grads_ready(name, grads, last)
-
-    def _saved(self, mb, c):
-        if (mb, c) not in self.saved:
-            raise ConfigError(f"rank {self.comm.global_rank}: the activations of micro-batch {mb} on chunk {c} are "
-                              f"gone: their forward has not run, or they were freed before their backward")
-        return self.saved[(mb, c)]
-
-    def finishes_backward(self, action):
-        """Whether ``action`` is the last one that needs its micro-batch's activations:
-        ``B`` in a schedule without ``W``, else ``W``."""
-        return action.kind == ("W" if self.split else "B")
-
-    def free(self, action):
-        """Release the activations of ``action``'s micro-batch and chunk (after the action
-        that :meth:`finishes_backward`)."""
-        mb, c = action.microbatch, action.chunk
-        if (mb, c) not in self.backward_done:
-            raise ConfigError(f"rank {self.comm.global_rank}: free({action}) before the backward of micro-batch {mb} "
-                              f"on chunk {c} is done; its {'W' if self.split else 'B'} still needs the activations")
-        self.backward_done.discard((mb, c))
-        saved = self.saved.pop((mb, c))
-        if not self.release_by_layer:
-            for name in saved:
-                self.memory.release(f"act {mb}.{c} {name}")
 
     def flat_params(self):
         """This stage's parameters as ``{"layer.key": array}``."""
