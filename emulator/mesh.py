@@ -9,6 +9,10 @@ coordinate; ``group_ranks("dp", 5)`` is ``(1, 3, 5, 7)``. The same names and gro
 
 ``mesh["tp"]`` is the mesh seen along some axes (:class:`SubMesh`): every group along
 them, and which group a rank belongs to.
+
+A run on a mesh also names groups drawn from several axes, or carved from them by expert
+parallelism (:class:`Group`): :data:`DP_CP`, :data:`TP_PP`, :data:`EP`, :data:`EDP`, each a
+``str`` spelled as the call trace spells it.
 """
 
 from functools import lru_cache
@@ -156,3 +160,38 @@ class SubMesh:
 
     def __repr__(self):
         return f"SubMesh({self.label}: {len(self.groups)} groups of {self.size}, e.g. {self.groups[0]})"
+
+
+# ----------------------------------------------------------------- the groups a mesh run names
+class Group(str):
+    """A group of ranks that a run on a mesh uses beside the mesh's own axes: its name as
+    the call trace writes it (a ``str``: ``"dp,cp"``, ``"edp"``), the mesh ``axes`` it is
+    drawn from, and ``carve``: None for every rank that differs only in those axes, or how
+    expert parallelism cuts that set into ``ep``-sized pieces (``"block"``: ep consecutive
+    members, the expert group; ``"stride"``: every ep-th member, the ranks that hold the
+    same experts)."""
+
+    def __new__(cls, name, axes, carve=None):
+        self = super().__new__(cls, name)
+        self.axes, self.carve = tuple(axes), carve
+        return self
+
+    def __getnewargs__(self):
+        return str(self), self.axes, self.carve
+
+    def ranks(self, mesh, rank, ep=1):
+        """The global ranks of ``rank``'s group on ``mesh`` (``ep``: expert parallelism's
+        size, for a carved group)."""
+        members = mesh.group_ranks(self.axes, rank)
+        if self.carve is None:
+            return members
+        piece, index = divmod(members.index(rank), ep)
+        return members[piece * ep:(piece + 1) * ep] if self.carve == "block" else members[index::ep]
+
+
+DP_CP = Group("dp,cp", ("dp", "cp"))       # where dense gradients are reduced (cp fastest)
+TP_PP = Group("tp,pp", ("tp", "pp"))       # the model-parallel ranks: a norm's squares summed first
+EP = Group("ep", ("dp", "cp"), "block")    # an expert group, carved from dp x cp
+EDP = Group("edp", ("dp", "cp"), "stride")  # the ranks holding the same experts
+REDUCED_OVER = {"dense": DP_CP, "experts": EDP}  # a parameter unit's kind -> where its gradients reduce
+DATA_PARALLEL = (DP_CP, EDP)                      # the groups gradients are reduced over

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..accounting.pipeline import interleaved_rounds
 from ..errors import ConfigError
-from ..mesh import Mesh
+from ..mesh import DP_CP, EDP, EP, Mesh
 
 AXES = ("pp", "dp", "cp", "tp")  # outermost first
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1")
@@ -114,11 +114,8 @@ class ParallelDims:
         expert group) and ``edp`` (the ranks holding the same experts)."""
         mesh = self.mesh(gpus_per_node)
         out = {a: mesh.group_ranks(a, rank) for a in AXES}
-        out["dp,cp"] = mesh.group_ranks(("dp", "cp"), rank)  # cp fastest: flat index dp * cp + cp
-        flat = out["dp,cp"].index(rank)
-        ep_group, ep_rank = divmod(flat, self.ep)
-        out["ep"] = out["dp,cp"][ep_group * self.ep:(ep_group + 1) * self.ep]
-        out["edp"] = out["dp,cp"][ep_rank::self.ep]
+        for group in (DP_CP, EP, EDP):  # cp fastest in dp x cp: flat index dp * cp + cp
+            out[group] = group.ranks(mesh, rank, self.ep)
         return out
 
     # ----------------------------------------------------------------- validation

@@ -46,6 +46,7 @@ from ..arrays.shape_only import ShapeArray, is_shape_only, shape_only_params
 from ..engine.faults import DEFAULT_WATCHDOG_TIMEOUT
 from ..engine.world import World
 from ..errors import ConfigError, RankFailedError
+from ..mesh import DP_CP, EDP, EP, TP_PP
 from ..machine.precision import precision_preset
 from ..machine.stack import stack_preset
 from ..machine.topology import Topology
@@ -128,11 +129,9 @@ def groups(comm, dims):
     """This rank's Comm objects: tp, cp, pp, dp, ``dp,cp`` and the expert groups."""
     ranks = dims.groups_of(comm.global_rank, comm.mesh.gpus_per_node)
     out = {a: comm.group(a) for a in ("tp", "cp", "pp", "dp")}
-    out["dp,cp"] = comm.group("dp", "cp")
-    out["tp,pp"] = comm.group("tp", "pp")
-    out["ep"] = comm.new_group(ranks["ep"], label="ep") if dims.ep > 1 else comm.new_group([comm.global_rank],
-                                                                                            label="ep")
-    out["edp"] = comm.new_group(ranks["edp"], label="edp")
+    out[DP_CP], out[TP_PP] = comm.group(*DP_CP.axes), comm.group(*TP_PP.axes)
+    out[EP] = comm.new_group(ranks[EP] if dims.ep > 1 else [comm.global_rank], label=EP)
+    out[EDP] = comm.new_group(ranks[EDP], label=EDP)
     return out
 
 

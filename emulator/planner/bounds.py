@@ -6,8 +6,9 @@ share (its layers' kinds and their times)."""
 
 from functools import lru_cache
 from ..machine import elementwise
-from ..parallel.dims import ParallelDims
+from ..mesh import DP_CP, EDP, REDUCED_OVER
 from ..parallel.data_parallel.ladder import uses_distributed_optimizer
+from ..parallel.dims import ParallelDims
 from ..parallel.pipeline.actions import stage_of
 from .layers import split_names
 from .memory import _actions, byte_sizes, padded, walked_micro_batches
@@ -151,7 +152,7 @@ class Factorisation:
             g = self.timer.groups(r)
             # what layer_times reads of the plan: the groups that time the layer's ops and its
             # strategy's collectives, tp, the recomputation (the stack and cluster are the search's)
-            key = ("bound", self.timer.topology, g["tp"], g["cp"], g["ep"], g["dp,cp"], g["edp"], recompute,
+            key = ("bound", self.timer.topology, g["tp"], g["cp"], g["ep"], g[DP_CP], g[EDP], recompute,
                    self.dims.tp)
             row = []
             for x in kinds:
@@ -174,7 +175,7 @@ class Factorisation:
         for x in kinds:
             t = 0.0
             for group, elems in x.params.items():
-                axis = "dp,cp" if group == "dense" else "edp"
+                axis = REDUCED_OVER[group]
                 n = len(groups[axis])
                 if elems and n > 1:
                     full = padded(elems, n)

@@ -5,6 +5,7 @@ compute slowed beside it included), and the pipeline's bubble (what is left: wai
 neighbour, its transfers included). :func:`measured` splits an emulator run's timeline the
 same way (it lives with the records it reads, :mod:`emulator.records.breakdown`)."""
 
+from ..mesh import DATA_PARALLEL, REDUCED_OVER
 from ..records.breakdown import KERNELS, ORDER, measured  # noqa: F401 -- part of this module's interface
 from .memory import byte_sizes
 
@@ -20,11 +21,11 @@ def breakdown(est, timer, layers, timing, m_played, tails, r, ctx):
             passes = ["F", "B", "W"] + (["F0"] if dims.recompute == "full" else [])
             for name in passes:
                 for key, t in timer.categories(x.ops.get(name, ()), r).items():
-                    out[KERNELS.get(key, "dp" if key in ("dp,cp", "edp") else key)] += t * m
+                    out[KERNELS.get(key, "dp" if key in DATA_PARALLEL else key)] += t * m
             if x.name == "block" and not split:
                 out["tp"] -= timer.bulk_saving(x, r) * m
             for group, elems in x.params.items():
-                axis = "dp,cp" if group == "dense" else "edp"
+                axis = REDUCED_OVER[group]
                 n = len(timer.groups(r)[axis])
                 if not elems or n == 1:
                     continue

@@ -8,14 +8,14 @@ ranks holding the same experts).
 """
 
 from ..machine.work import AllToAll, Collective, RingAttention
+from ..mesh import DATA_PARALLEL, REDUCED_OVER
+from ..parallel.data_parallel.ladder import uses_distributed_optimizer
 from ..parallel.pipeline.actions import destination, source
 from ..records.table import Table
 from .memory import byte_sizes
-from ..parallel.data_parallel.ladder import uses_distributed_optimizer
 from .overlap import gather_in_forward, replay
 from .timing import action_durations
 
-AXIS_OF = {"dense": "dp,cp", "experts": "edp"}
 
 
 def link_of(ranks, gpus_per_node):
@@ -32,7 +32,7 @@ def _strategy_calls(layer, dims, m, ctx, groups):
     for group, elems in layer.params.items():
         if not elems:
             continue
-        axis = AXIS_OF[group]
+        axis = REDUCED_OVER[group]
         n = len(groups[axis])
         if n == 1:
             continue
@@ -80,7 +80,7 @@ def dp_tail(est, layers, per_layer, timer, timing, r, ctx, boundary):
     end = max(e for _, _, e in timing[r])
     groups = timer.groups(r)
     if z == 0:
-        if all(len(groups[a]) == 1 for a in ("dp,cp", "edp")):
+        if all(len(groups[a]) == 1 for a in DATA_PARALLEL):
             return 0.0
         actions = [a for a, _, _ in timing[r]]
         host = action_durations(actions, per_layer[r], dims, host=True)
@@ -88,7 +88,7 @@ def dp_tail(est, layers, per_layer, timer, timing, r, ctx, boundary):
                       lambda rank, a: _hop(timer, dims, boundary, rank, a), host) - end
     sizes = byte_sizes(ctx)
     if z == 1 and uses_distributed_optimizer(ctx.stack, z):
-        if all(len(groups[a]) == 1 for a in ("dp,cp", "edp")):
+        if all(len(groups[a]) == 1 for a in DATA_PARALLEL):
             return 0.0
         actions = [a for a, _, _ in timing[r]]
         host = action_durations(actions, per_layer[r], dims, host=True)
@@ -100,7 +100,7 @@ def dp_tail(est, layers, per_layer, timer, timing, r, ctx, boundary):
     for c in range(v):
         for x in layers[c][r]:
             for group, elems in x.params.items():
-                axis = AXIS_OF[group]
+                axis = REDUCED_OVER[group]
                 n = len(groups[axis])
                 if not elems or n == 1:
                     continue
@@ -148,10 +148,10 @@ def comm_table(est, layers, per_layer, timer, timing, boundary, ctx, m_played):
         add("pp", "send/recv", boundary, sends, sends * hop, sends * hop)
     if overlapped:
         for row in rows.values():
-            if row["axis"] in ("dp,cp", "edp"):
+            if row["axis"] in DATA_PARALLEL:
                 row["exposed"] = tails[r] * row["seconds"] / max(1e-30, sum(
-                    x["seconds"] for x in rows.values() if x["axis"] in ("dp,cp", "edp")))
-    table = Table(sorted(rows.values(), key=lambda x: ("tp", "cp", "ep", "pp", "dp,cp", "edp").index(x["axis"])),
+                    x["seconds"] for x in rows.values() if x["axis"] in DATA_PARALLEL))
+    table = Table(sorted(rows.values(), key=lambda x: ("tp", "cp", "ep", "pp", *DATA_PARALLEL).index(x["axis"])),
                   byte_columns=["bytes"])
     table.rank = r  # the pipeline rank it describes
     return tails, table

@@ -8,23 +8,23 @@ The figures are what the emulator would measure running the plan (:mod:`.memory`
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
+from ..accounting.pipeline import pipeline_bubble
 from ..errors import ConfigError
+from ..machine import elementwise
+from ..machine.work import dtype_bytes
 from ..parallel.dims import ParallelDims
 from ..parallel.pipeline import schedule
-from ..accounting.pipeline import pipeline_bubble
-from ..machine.work import dtype_bytes
+from ..parallel.pipeline import simulator
+from ..parallel.pipeline.actions import stage_of
 from .breakdown import breakdown, lines as breakdown_lines
+from .cluster import Cluster
 from .comm import comm_table, expose_as_breakdown
-from .precision_of import plan_context
 from .layers import ops_flops, rank_layers, split_names
 from .memory import KINDS, stage_peaks
+from .models import ModelSpec
+from .precision_of import plan_context
 from .timer import Timer
 from .timing import action_durations, layer_times
-from .models import ModelSpec
-from .cluster import Cluster
-from ..parallel.pipeline.actions import stage_of
-from ..parallel.pipeline import simulator
-from ..machine import elementwise
 
 
 @dataclass

@@ -27,12 +27,12 @@ from functools import lru_cache
 
 from ..machine.work import RingAttention, dtype_bytes, flops_of
 from ..parallel.attention_cores import causal_share
+from ..parallel.dims import ParallelDims
 from ..parallel.layer_shape import of_plan
 from ..parallel.mesh_model import embedding_work, head_work, loss_work
-from ..parallel.tensor_parallel.block_work import declared_block
-from ..parallel.dims import ParallelDims
-from ..parallel.pipeline.partition import split_layers
 from ..parallel.pipeline.actions import stage_of
+from ..parallel.pipeline.partition import split_layers
+from ..parallel.tensor_parallel.block_work import declared_block
 from .precision_of import plan_context
 
 INT = 8  # int64 token ids and indices

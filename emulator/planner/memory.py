@@ -24,10 +24,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..parallel.pipeline import schedule
-from ..parallel.pipeline.actions import stage_of
 from ..machine.work import dtype_bytes
 from ..parallel.data_parallel.buckets import bucket_layers, bucket_limit
+from ..parallel.pipeline import schedule
+from ..parallel.pipeline.actions import stage_of
 
 KINDS = ("params", "grads", "optimizer", "activations", "buffers")
 

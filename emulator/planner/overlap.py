@@ -13,8 +13,9 @@ when the rank is done.
 from bisect import insort
 
 from ..machine.work import dtype_bytes, is_comm
-from .memory import byte_sizes
+from ..mesh import REDUCED_OVER
 from ..parallel.data_parallel.buckets import bucket_layers, bucket_limit
+from .memory import byte_sizes
 
 
 def port_kinds(ranks, gpus_per_node):
@@ -161,7 +162,7 @@ def _bucket_bytes(b, buckets, sizes, op, groups):
     for key, x in buckets["_layers"].items():
         if buckets[key] == b:
             for group, elems in x.params.items():
-                axis = "dp,cp" if group == "dense" else "edp"
+                axis = REDUCED_OVER[group]
                 n = len(groups[axis])
                 count = elems if op == "all_reduce" else -(-elems // n) * n
                 out[axis] = out.get(axis, 0) + count * sizes["reduce"]
@@ -181,7 +182,7 @@ def gather_in_forward(timer, r, layers, per_layer, dims, ctx, sizes):
         b = buckets[(c, j)]
         forward[b] += per_layer[c][j]["F"]
         for group, elems in x.params.items():
-            axis = "dp,cp" if group == "dense" else "edp"
+            axis = REDUCED_OVER[group]
             n = len(groups[axis])
             if elems and n > 1:
                 gather[b] += timer.op(("c", "all_gather", -(-elems // n) * n * sizes["gather"], axis), r)

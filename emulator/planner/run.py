@@ -14,13 +14,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..records.table import Table
-from .evaluate import evaluate
 from .. import nn
+from ..errors import ConfigError
 from ..machine.work import np_dtype
+from ..mesh import DP_CP, EDP
 from ..parallel.runtime import run_on_mesh, shape_only_batches
+from ..records.table import Table
 from ..training import synthetic_batches
+from .evaluate import evaluate
 from .precision_of import plan_context
 
 SENT_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
@@ -115,8 +116,8 @@ def _row(what, pred, meas, unit):
 
 
 def _group_size(dims, axis):
-    return {"tp": dims.tp, "cp": dims.cp, "pp": dims.pp, "ep": dims.ep, "dp,cp": dims.dp * dims.cp,
-            "edp": dims.edp}[axis]
+    return {"tp": dims.tp, "cp": dims.cp, "pp": dims.pp, "ep": dims.ep, DP_CP: dims.dp * dims.cp,
+            EDP: dims.edp}[axis]
 
 
 def run_plan(model, cluster, dims, seq_len, global_batch_tokens, shape_only=True, fold=(), param_bytes=None, seed=0,

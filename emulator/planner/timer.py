@@ -15,6 +15,7 @@ from functools import lru_cache
 from ..cost import p2p_time
 from ..machine.comm_overlap import pipelined, ring_exchange, sm_slowdown
 from ..machine.work import AllToAll, Collective, RingAttention, is_kernel
+from ..mesh import DP_CP, EDP, EP
 from .collective_times import all_to_all_seconds, collective_seconds, ring_attention_seconds
 
 
@@ -49,8 +50,8 @@ class _Groups(dict):
             out = tuple(k * d.dp * d.cp * d.tp - self.shift for k in range(d.pp))
         else:
             flat = range(base, base + d.dp * d.cp * d.tp, d.tp)  # dp x cp, cp fastest
-            out = tuple({"cp": flat[:d.cp], "dp": flat[::d.cp], "dp,cp": flat, "ep": flat[:d.ep],
-                         "edp": flat[::d.ep]}[name])
+            out = tuple({"cp": flat[:d.cp], "dp": flat[::d.cp], DP_CP: flat, EP: flat[:d.ep],
+                         EDP: flat[::d.ep]}[name])
         out = self[name] = Ranks(out)
         return out
 

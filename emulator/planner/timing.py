@@ -25,6 +25,7 @@ books ports and makes one wait.
 """
 
 from ..machine.comm_overlap import contention
+from ..mesh import REDUCED_OVER
 from .collective_times import ring_collective_time  # noqa: F401 -- also importable from here
 from .memory import byte_sizes, zero3_held
 from .timer import Timer  # noqa: F401 -- also importable from here
@@ -39,7 +40,7 @@ def layer_times(timer, layer, r, dims, ctx):
     sizes = byte_sizes(ctx)
     ag = rs = 0.0
     for group, elems in layer.params.items():
-        axis = "dp,cp" if group == "dense" else "edp"
+        axis = REDUCED_OVER[group]
         n = len(timer.groups(r)[axis])
         if not elems or n == 1:
             continue

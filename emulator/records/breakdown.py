@@ -3,6 +3,8 @@ the planner predicts (:mod:`emulator.planner.breakdown`): GEMMs, attention, the 
 kernels, the host's launch and dispatch, the optimizer, each axis's collectives that nothing
 hid, and the pipeline's bubble."""
 
+from ..mesh import DATA_PARALLEL
+
 ORDER = ("GEMMs", "attention", "memory-bound kernels", "launch and dispatch", "optimizer", "tp", "cp", "ep", "dp",
          "bubble")
 KERNELS = {"gemm": "GEMMs", "attention": "attention", "memory": "memory-bound kernels"}
@@ -12,7 +14,7 @@ def measured(world, rank):
     """{category: seconds} of ``rank``'s timeline in an emulator run: its compute by the
     kind of the declared kernels charged under each name, its waits by what it waited for."""
     out = dict.fromkeys(ORDER, 0.0)
-    groups = {"tp": "tp", "cp": "cp", "ep": "ep", "dp,cp": "dp", "edp": "dp", "dp": "dp"}
+    groups = {"tp": "tp", "cp": "cp", "ep": "ep", "dp": "dp", **dict.fromkeys(DATA_PARALLEL, "dp")}
     end = world.clock.final()[rank]
     for e in world.timeline().events:
         if e.rank != rank or e.stream != "compute" or e.end > end + 1e-15:

@@ -14,6 +14,7 @@ norm (every parameter counted once), and applies.
 
 import numpy as np
 
+from ...mesh import DP_CP, REDUCED_OVER, TP_PP
 from ...nn.clip import clip_coefficient
 from .flat_layout import reduce_flat
 from .ladder import strategy_for
@@ -51,7 +52,7 @@ class MeshHooks:
         self.strategies = {}
         for group, names in units.items():
             if names:
-                comm = comms["dp,cp"] if group == "dense" else comms["edp"]
+                comm = comms[REDUCED_OVER[group]]
                 self.strategies[group] = strategy_for(comm.stack, dims.zero_stage, comm, _Units(names), flat[group],
                                                       opt, comms["pp"].rank, label=group)
         self.partial = {layer: sorted(k[len(layer) + 1:] for k, pl in placements.items()
@@ -93,8 +94,8 @@ class MeshHooks:
         self.reduce_grads()
         scale = 1.0
         if self.clip_grad_norm is not None:
-            squares = self.comms["tp,pp"].all_reduce(np.array([self.sum_of_squares()]))
-            norm = float(np.sqrt(self.comms["dp,cp"].all_reduce(squares)[0]))
+            squares = self.comms[TP_PP].all_reduce(np.array([self.sum_of_squares()]))
+            norm = float(np.sqrt(self.comms[DP_CP].all_reduce(squares)[0]))
             scale = clip_coefficient(norm, self.clip_grad_norm)
         self.apply(scale)
 
