@@ -1,4 +1,4 @@
-"""The training step every data-parallel strategy plugs into, and the runs it is checked against.
+"""The training step every data-parallel strategy plugs into.
 
 ``train(comm, model, strategy, batches)`` runs, for every global batch, this rank's slice
 (by its rank in the strategy's data-parallel group), cut into ``micro_batches``. The step
@@ -23,24 +23,14 @@ rank's ledger, kind ``activations``, from its forward to its backward. With
 again first (activation recomputation: memory for compute). Compute is charged on the
 simulated clock from each layer's FLOPs (``layer.flops``: its matrix multiplications,
 attention's s^2 term included).
-
-``train_single`` is the reference every parallel run must match: one device, the whole
-global batch (as ``micro_batches`` contiguous groups, whose gradients add up; each
-group's loss, auxiliary losses included, scaled by ``1/micro_batches``), optionally
-clipped to a global gradient norm as ``torch.nn.utils.clip_grad_norm_`` does.
-``synthetic_batches`` makes a task a small GPT learns in a few steps.
 """
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import nn
-from .nn.clip import clip_coefficient, global_norm
-from .nn.module import sub
-from .nn.precision import upcast  # noqa: F401 -- part of this module's interface
-from .parallel.batches import local_batch, split_batch  # noqa: F401 -- part of this module's interface
-from .parallel.pipeline import PipelineStage, program, schedule, train_step
+from ..parallel.batches import local_batch, split_batch
+from ..parallel.pipeline import PipelineStage, program, schedule, train_step
 
 
 @dataclass
@@ -71,46 +61,3 @@ def train(comm, model, strategy, batches, micro_batches=1, recompute=False):
         step_losses = train_step(solo, stage, steps, [p[0] for p in parts], [p[1] for p in parts])
         losses.append(float(np.mean([step_losses[i] for i in sorted(step_losses)])))
     return TrainResult(losses, strategy.params(), strategy.shards())
-
-
-def train_single(model, params, batches, opt, clip_grad_norm=None, micro_batches=1):
-    """The reference: one device, the whole global batch, as ``micro_batches`` groups of
-    contiguous sequences (MoE capacity and load-balancing statistics are per group).
-    Returns (params, losses): the losses are each step's mean cross-entropy."""
-    state = opt.init(params)
-    losses = []
-    for x, y in batches:
-        groups = split_batch(x, y, micro_batches, "micro-batches")
-        total, step_losses = None, []
-        for xg, yg in groups:
-            logits, cache = model.forward(upcast(params), xg)
-            loss, lc = nn.cross_entropy(logits, yg)
-            nn.scale_aux_loss(cache, 1.0 / micro_batches)
-            _, grads = model.backward(upcast(params), cache, nn.cross_entropy_backward(lc, 1.0 / micro_batches))
-            total = grads if total is None else {k: total[k] + g for k, g in grads.items()}
-            step_losses.append(loss)
-        if clip_grad_norm is not None:
-            c = clip_coefficient(global_norm(total), clip_grad_norm)
-            total = {k: g * c for k, g in total.items()}
-        params, state = opt.step(params, {k: g.astype(params[k].dtype) for k, g in total.items()}, state)
-        losses.append(float(np.mean(step_losses)))
-    return params, losses
-
-
-def synthetic_batches(steps, batch, seq, vocab, seed=0):
-    """Token sequences with a learnable rule (each next token = previous + 1 mod vocab,
-    from a random start, with a little noise), as a list of global (x, y) batches."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(steps):
-        start = rng.integers(0, vocab, (batch, 1))
-        seqs = (start + np.arange(seq + 1)) % vocab
-        noise = rng.random(seqs.shape) < 0.05
-        seqs = np.where(noise, rng.integers(0, vocab, seqs.shape), seqs)
-        out.append((seqs[:, :-1], seqs[:, 1:]))
-    return out
-
-
-def layer_params(params, model):
-    """{layer name: its parameters} for ``model.layers``."""
-    return {name: sub(params, name) for name, _ in model.layers}
