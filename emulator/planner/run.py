@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import nn
+from ..cost import BUS_FACTOR
 from ..errors import ConfigError
 from ..machine.work import np_dtype
 from ..mesh import DP_CP, EDP
@@ -24,8 +25,7 @@ from ..training import synthetic_batches
 from .evaluate import evaluate
 from .precision_of import plan_context
 
-SENT_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
-               "all_gather": lambda n: (n - 1) / n}
+RINGS = ("all_reduce", "reduce_scatter", "all_gather")  # a ring's member sends its bus factor times the bytes
 
 
 @dataclass
@@ -71,8 +71,8 @@ class PlanRun:
         out = {}
         for row in est.comm:
             n = _group_size(est.dims, row["axis"])
-            if row["op"] in SENT_FACTOR:
-                sent = SENT_FACTOR[row["op"]](n) * row["bytes"] * row["count"]
+            if row["op"] in RINGS:
+                sent = BUS_FACTOR[row["op"]](n) * row["bytes"] * row["count"]
             elif row["op"] == "all_to_all":
                 sent = (n - 1) * row["bytes"] * row["count"]
             else:  # point to point: the bytes of each message
