@@ -8,9 +8,9 @@ collectives, how many, how many bytes. While it runs, the library's own versions
 import numpy as np
 
 from .. import nn
-from ..machine.topology import Topology
 from ..engine.world import World
 from ..accounting import activations
+from ..accounting.all_reduce_time import activation_all_reduce_seconds
 from ..cost import collective_time
 from ..parallel import sequence_parallel as SP
 from ..parallel import tensor_parallel as TP
@@ -287,13 +287,8 @@ def problem_8_4(fn):
     selective recomputation."""
     cases = [dict(h=12288, a=96, L=96, s=4096, b=1, t=8), dict(h=8192, a=64, L=80, s=8192, b=1, t=8),
              dict(h=5120, a=40, L=40, s=2048, b=2, t=4)]
-
-    def model(h, a, L, s, b, t):
-        per = [activations.activation_bytes_per_layer(s, b, h, a, t, sp, "selective") for sp in (True, False)]
-        return per[0], L * per[0], per[1], L * per[1]
-
-    got = _variants("Problem 8.4", fn, cases, model, " B", ("per layer, SP", "per GPU, SP", "per layer, no SP",
-                                                              "per GPU, no SP"))
+    got = _variants("Problem 8.4", fn, cases, activations.selective_activation_bytes, " B",
+                    ("per layer, SP", "per GPU, SP", "per layer, no SP", "per GPU, no SP"))
     passed("Problem 8.4", f"{got[0] / 1e6:.0f} MB per layer and {got[1] / 1e9:.1f} GB per GPU with sequence "
            f"parallelism, {got[2] / 1e6:.0f} MB and {got[3] / 1e9:.1f} GB without; right for 3 models")
 
@@ -305,7 +300,7 @@ def napkin_tp_across_nodes(fn):
              dict(b=2, s=2048, h=12288, t=8, gpus_per_node=4)]
 
     def model(b, s, h, t, gpus_per_node):
-        return (collective_time("all_reduce", 2 * b * s * h, t, Topology(gpus_per_node=gpus_per_node)),)
+        return (activation_all_reduce_seconds(b, s, h, t, gpus_per_node),)
 
     def wrapped(**case):
         return (fn(**case),) if case else (fn(),)

@@ -347,10 +347,7 @@ PROBLEM_8_2_CASES = [dict(p=12, target=0.05, seqs_per_micro=4), dict(p=8, target
                      dict(p=24, target=0.08, seqs_per_micro=8)]
 
 
-def problem_8_2_answer(p, target, seqs_per_micro):
-    """Model answer of Problem 8.2: (m over ideal time, sequences, m over the total step)."""
-    m = formulas.micro_batches_for_bubble(p, target, of="ideal")
-    return m, m * seqs_per_micro, formulas.micro_batches_for_bubble(p, target, of="total")
+problem_8_2_answer = formulas.bubble_micro_batches  # the model answer of Problem 8.2
 
 
 def _rounding_hint(case, i, got):
@@ -383,11 +380,7 @@ def problem_8_2(fn):
                           f"rounding included")
 
 
-def memory_vs_bubble(p, per_micro_batch, budget, max_m):
-    """Model answer of Napkin 3.1: (m, bubble) for GPipe and for 1F1B within the budget."""
-    m_gpipe = min(int(budget // per_micro_batch), max_m)
-    m_1f1b = max_m if p * per_micro_batch <= budget else m_gpipe
-    return (m_gpipe, formulas.pipeline_bubble(p, m_gpipe), m_1f1b, formulas.pipeline_bubble(p, m_1f1b))
+memory_vs_bubble = formulas.memory_vs_bubble  # the model answer of Napkin 3.1
 
 
 NAPKIN_3_1_CASES = [dict(p=8, per_micro_batch=2e9, budget=40e9, max_m=256),

@@ -20,7 +20,7 @@ import numpy as np
 from .. import nn
 from ..machine.topology import Topology
 from ..engine.world import World
-from ..accounting import activations
+from ..accounting import activations, context_parallel
 from ..errors import RankError
 from ..parallel import context_parallel as cp
 from ..parallel.context_parallel import layout as L
@@ -390,11 +390,8 @@ def check_ring_backward(fn):
 
 
 # ----------------------------------------------------------------- napkins
-def memory_128k(s, b, h, layers, c):
-    """Model answer of Napkin 4.1: (activations per GPU per layer, for all layers): the
-    34 sbh of a layer's bf16 activations (the s^2 scores never stored) over s / c positions."""
-    per_layer = 34 * (s / c) * b * h
-    return per_layer, layers * per_layer
+memory_128k = context_parallel.cp_activation_bytes  # the model answer of Napkin 4.1
+overlap_length = context_parallel.ring_overlap_positions  # the model answer of Napkin 4.2
 
 
 def napkin_memory(fn):
@@ -404,14 +401,6 @@ def napkin_memory(fn):
     layer, total = variants("Napkin 4.1", fn, cases, memory_128k, " B", ("bytes per layer", "bytes, all layers"),
                             (activations.activation_bytes_per_layer,))
     passed("Napkin 4.1", f"{layer / 1e9:.2f} GB per layer, {total / 1e9:.0f} GB for all layers per GPU")
-
-
-def overlap_length(flops=989e12, beta=370e9, dtype_bytes=2, h=16384, kv_heads=8, head_dim=128):
-    """Model answer of Napkin 4.2: the fewest local positions n for which one ring step's
-    compute (4 b n^2 h FLOPs, every query head) takes as long as its K/V transfer
-    (2 b n kv_heads head_dim values of dtype_bytes): n = flops dtype_bytes kv / (2 beta h),
-    with kv = kv_heads head_dim the width of K (and of V) under grouped-query attention."""
-    return flops * dtype_bytes * kv_heads * head_dim / (2 * beta * h)
 
 
 def napkin_overlap(fn):

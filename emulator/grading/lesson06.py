@@ -15,6 +15,8 @@ import numpy as np
 from ml_dtypes import bfloat16
 
 from .. import nn
+from ..accounting import context_parallel, traffic
+from ..accounting import memory as accounting_memory
 from ..machine.device import Device
 from ..machine.topology import Topology
 from ..mesh import Mesh
@@ -335,25 +337,9 @@ def check_mesh_tradeoff(fn):
 
 
 # ----------------------------------------------------------------- napkins
-def state_per_gpu(n_params, dp, tp, pp):
-    """Napkin 6.1's model: GB per GPU of bf16 parameters and gradients (4 bytes per
-    parameter over TP x PP) and of mixed-precision Adam's state under ZeRO-1 (12 bytes per
-    parameter over TP x PP x DP)."""
-    return 4 * n_params / (tp * pp) / 1e9, 12 * n_params / (tp * pp * dp) / 1e9
-
-
-def dp_compute_bound_tokens(flops, bandwidth, dp, grad_bytes):
-    """Napkin 6.2's model: tokens per replica per step for which the compute, 6 N T / (TP
-    PP) FLOPs per GPU, lasts as long as the ring all-reduce of its gradients, 2 (dp-1)/dp
-    grad_bytes N / (TP PP) bytes per GPU: T = grad_bytes (dp-1)/dp flops / (3 bandwidth)."""
-    return grad_bytes * (dp - 1) / dp * flops / (3 * bandwidth)
-
-
-def llama_cp_switch(seq, tokens, positions_per_gpu, gpus, tp, pp):
-    """Napkin 6.3's model: (CP, DP, sequences per replica per step)."""
-    cp = seq // positions_per_gpu
-    dp = gpus // (tp * pp * cp)
-    return cp, dp, tokens // seq // dp
+state_per_gpu = accounting_memory.zero1_state_gb  # the model answer of Napkin 6.1
+dp_compute_bound_tokens = traffic.dp_compute_bound_tokens  # of Napkin 6.2
+llama_cp_switch = context_parallel.cp_dp_split  # of Napkin 6.3
 
 
 def napkin_state(fn):

@@ -258,7 +258,7 @@ def check_optimal_interval(fn):
 
 # ----------------------------------------------------------------- napkins
 def _watchdog_model(gpus, timeout_minutes):
-    return (gpus * timeout_minutes / 60,)
+    return (F.watchdog_gpu_hours(gpus, timeout_minutes),)
 
 
 def napkin_watchdog(fn):
@@ -269,14 +269,7 @@ def napkin_watchdog(fn):
     passed("Napkin 7.1", f"{h:,.0f} GPU-hours idle per failure while 16,384 GPUs wait out a 10-minute watchdog")
 
 
-def _goodput_first_order(gpus, gpu_mtbf_hours, interval_minutes, save_seconds, restart_minutes):
-    mtbf = gpu_mtbf_hours * 3600 / gpus
-    tau, restart = interval_minutes * 60, restart_minutes * 60
-    return 1 - save_seconds / tau - (tau / 2 + restart) / mtbf
-
-
-def _goodput_daly(gpus, gpu_mtbf_hours, interval_minutes, save_seconds, restart_minutes):
-    return F.expected_goodput(interval_minutes * 60, save_seconds, gpu_mtbf_hours * 3600 / gpus, restart_minutes * 60)
+_goodput_first_order, _goodput_daly = F.goodput_first_order, F.goodput_daly  # Napkin 7.2's two models
 
 
 GOODPUT_CASES = [dict(gpus=16384, gpu_mtbf_hours=50000, interval_minutes=20, save_seconds=60, restart_minutes=15),

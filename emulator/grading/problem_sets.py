@@ -12,12 +12,15 @@ from fractions import Fraction
 import numpy as np
 
 from ..accounting import activations, micro_batches_for_bubble, moe, zero_bytes_per_gpu
+from ..accounting.context_parallel import cp_activation_bytes as memory_128k, cp_dp_split as llama_cp_switch
+from ..accounting.context_parallel import ring_overlap_positions as overlap_length
+from ..accounting.failures import goodput_daly as _goodput_daly, goodput_first_order as _goodput_first_order
+from ..accounting.failures import watchdog_gpu_hours
+from ..accounting.memory import zero1_state_gb as state_per_gpu
+from ..accounting.pipeline import memory_vs_bubble
+from ..accounting.traffic import dp_compute_bound_tokens
 from ..cost import busbw, collective_time, crossover_bytes
 from ..machine.topology import Link, Topology
-from .lesson03 import memory_vs_bubble
-from .lesson04 import memory_128k, overlap_length
-from .lesson06 import dp_compute_bound_tokens, llama_cp_switch, state_per_gpu
-from .lesson07 import _goodput_daly, _goodput_first_order, _watchdog_model
 
 TOLERANCE = 0.02
 
@@ -274,7 +277,7 @@ def model_answer(problem, p):
     if problem == "Napkin 6.3":
         return list(llama_cp_switch(**p))
     if problem == "Napkin 7.1":
-        return _watchdog_model(**p)[0]
+        return watchdog_gpu_hours(**p)
     if problem == "Napkin 7.2":
         return _goodput_first_order(**p)
     parts = {z: zero_bytes_per_gpu(p["n_params"], p["dp_size"], z) for z in range(4)}
