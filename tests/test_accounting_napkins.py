@@ -4,6 +4,8 @@ import pytest
 
 from emulator import accounting as A
 from emulator.accounting import activations
+from emulator.grading import lesson02, lesson03, lesson04, lesson06, lesson07
+from emulator.grading.refuse import Refused
 
 
 def test_all_reduce_times_on_h100_nodes():
@@ -40,3 +42,21 @@ def test_failures():
     assert A.watchdog_gpu_hours(16384, 10) == pytest.approx(2730.67, rel=1e-5)
     assert A.goodput_first_order(16384, 50000, 20, 60, 15) == pytest.approx(0.8135, abs=1e-4)
     assert A.goodput_daly(16384, 50000, 20, 60, 15) == pytest.approx(0.8281, abs=1e-4)
+
+
+@pytest.mark.parametrize("label, check, formula", [
+    ("Napkin 3.1", lesson03.napkin_memory_vs_bubble, A.memory_vs_bubble),
+    ("Problem 8.2", lesson03.problem_8_2, A.bubble_micro_batches),
+    ("Problem 8.4", lesson02.problem_8_4, A.selective_activation_bytes),
+    ("Napkin 4.1", lesson04.napkin_memory, A.cp_activation_bytes),
+    ("Napkin 4.2", lesson04.napkin_overlap, A.ring_overlap_positions),
+    ("Napkin 6.1", lesson06.napkin_state, A.zero1_state_gb),
+    ("Napkin 6.2", lesson06.napkin_dp_tokens, A.dp_compute_bound_tokens),
+    ("Napkin 6.3", lesson06.napkin_llama_cp, A.cp_dp_split),
+    ("Napkin 7.1", lesson07.napkin_watchdog, A.watchdog_gpu_hours),
+    ("Napkin 7.2", lesson07.napkin_goodput, A.goodput_first_order),
+    ("Napkin 7.2", lesson07.napkin_goodput, A.goodput_daly),
+])
+def test_a_napkin_answered_with_the_library_formula_is_refused(label, check, formula):
+    with pytest.raises(Refused, match=f"^{label}: your code called the library's own solution"):
+        check(lambda **kw: formula(**kw))

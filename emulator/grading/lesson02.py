@@ -25,7 +25,7 @@ LIBRARY = (TP.ColumnParallelLinear, TP.RowParallelLinear, TensorParallelBlock,
            SP.gather_from_sequence_parallel_region_backward, SP.reduce_scatter_to_sequence_parallel_region_backward,
            TensorParallelBlock.sync_sequence_parallel_grads, VP.vocab_parallel_cross_entropy,
            activations.activation_bytes_per_layer, activations.activation_terms, activations.tp_bytes_per_layer,
-           activations.pp_bytes_per_boundary, collective_time)
+           activations.pp_bytes_per_boundary, activations.selective_activation_bytes, collective_time)
 D, A, FF, B, S = 16, 4, 32, 2, 8
 SP_S, SP_FF = 12, 48  # the sequence-parallel sublayer: 12 positions and d_ff 48 split over 1, 2, 3 or 4 ranks
 # while the sequence-parallel checks run, the library's sequence-parallel block refuses (the

@@ -28,7 +28,8 @@ SCHEDULES = (schedules.schedule, schedules.one_f_one_b, schedules.gpipe, schedul
              schedules.zb_h1)
 LOOP = (executor.run_actions,)
 SYNC = (executor.sync_dp_grads,)
-FORMULAS = (formulas.micro_batches_for_bubble, formulas.pipeline_bubble)
+FORMULAS = (formulas.micro_batches_for_bubble, formulas.pipeline_bubble, formulas.bubble_micro_batches,
+            formulas.memory_vs_bubble)
 FREE = Topology.free_network()
 COSTS = (1e-3, 1e-3, 1e-3)
 

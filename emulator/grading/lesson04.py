@@ -399,7 +399,7 @@ def napkin_memory(fn):
     cases = [dict(s=131072, b=1, h=8192, layers=80, c=16), dict(s=65536, b=1, h=4096, layers=32, c=8),
              dict(s=262144, b=2, h=16384, layers=126, c=32), dict(s=32768, b=4, h=5120, layers=40, c=4)]
     layer, total = variants("Napkin 4.1", fn, cases, memory_128k, " B", ("bytes per layer", "bytes, all layers"),
-                            (activations.activation_bytes_per_layer,))
+                            (activations.activation_bytes_per_layer, memory_128k))
     passed("Napkin 4.1", f"{layer / 1e9:.2f} GB per layer, {total / 1e9:.0f} GB for all layers per GPU")
 
 
@@ -412,6 +412,6 @@ def napkin_overlap(fn):
              dict(flops=120e12, beta=48e9, dtype_bytes=4, h=8192, kv_heads=8, head_dim=128),
              dict(flops=989e12, beta=370e9, dtype_bytes=1, h=5120, kv_heads=4, head_dim=64)]
     (n,) = variants("Napkin 4.2", lambda **kw: (fn(**kw),), cases, lambda **kw: (overlap_length(**kw),), "",
-                    ("positions",))
+                    ("positions",), (overlap_length,))
     passed("Napkin 4.2", f"with Llama 3 405B's K/V (8 heads of 128, 16 times narrower than h) the transfer hides once "
                          f"each rank holds {n:,.0f} positions on NVLink, {overlap_length(beta=48e9):,.0f} across nodes")

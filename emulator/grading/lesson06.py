@@ -346,7 +346,8 @@ def napkin_state(fn):
     """Napkin 6.1: fn(n_params, dp, tp, pp) -> (params+grads GB, optimizer GB) per GPU under ZeRO-1."""
     cases = [dict(n_params=70e9, dp=4, tp=8, pp=2), dict(n_params=405e9, dp=128, tp=8, pp=16),
              dict(n_params=13e9, dp=32, tp=2, pp=1), dict(n_params=1e12, dp=6, tp=8, pp=64)]
-    want = variants("Napkin 6.1", fn, cases, state_per_gpu, " GB", ("params and grads", "optimizer"))
+    want = variants("Napkin 6.1", fn, cases, state_per_gpu, " GB", ("params and grads", "optimizer"),
+                    (state_per_gpu,))
     passed("Napkin 6.1", f"{want[0]:.2f} GB of parameters and gradients, {want[1]:.2f} GB of optimizer state per GPU")
 
 
@@ -358,7 +359,8 @@ def napkin_dp_tokens(fn):
              dict(flops=989e12, bandwidth=370e9, dp=2, grad_bytes=4), dict(flops=989e12, bandwidth=48e9, dp=1024,
                                                                              grad_bytes=2)]
     want = variants("Napkin 6.2", lambda **kw: (fn(**kw),) if kw else (fn(),), cases,
-                    lambda **kw: (dp_compute_bound_tokens(**kw),), " tokens", ("tokens per replica",), rel=0.02)
+                    lambda **kw: (dp_compute_bound_tokens(**kw),), " tokens", ("tokens per replica",),
+                    (dp_compute_bound_tokens,), rel=0.02)
     passed("Napkin 6.2", f"{want[0]:,.0f} tokens per replica per step keep the gradient all-reduce behind compute")
 
 
@@ -367,7 +369,8 @@ def napkin_llama_cp(fn):
     cases = [dict(seq=131072, tokens=16 * 2**20, positions_per_gpu=8192, gpus=16384, tp=8, pp=16),
              dict(seq=8192, tokens=16 * 2**20, positions_per_gpu=8192, gpus=16384, tp=8, pp=16),
              dict(seq=65536, tokens=8 * 2**20, positions_per_gpu=4096, gpus=4096, tp=8, pp=4)]
-    want = variants("Napkin 6.3", fn, cases, llama_cp_switch, "", ("cp", "dp", "sequences per replica"), rel=0)
+    want = variants("Napkin 6.3", fn, cases, llama_cp_switch, "", ("cp", "dp", "sequences per replica"),
+                    (llama_cp_switch,), rel=0)
     passed("Napkin 6.3", f"at 131k tokens: CP {want[0]}, DP {want[1]}, {want[2]} sequences per replica: each GPU "
                          f"still holds 8,192 positions")
 

@@ -265,7 +265,8 @@ def napkin_watchdog(fn):
     """Napkin 7.1: fn(gpus, timeout_minutes) -> GPU-hours idle per failure."""
     cases = [dict(gpus=16384, timeout_minutes=10), dict(gpus=2048, timeout_minutes=30),
              dict(gpus=100000, timeout_minutes=2), dict(gpus=8, timeout_minutes=10)]
-    (h,) = variants("Napkin 7.1", lambda **kw: (fn(**kw),), cases, _watchdog_model, " GPU-hours", ("GPU-hours",))
+    (h,) = variants("Napkin 7.1", lambda **kw: (fn(**kw),), cases, _watchdog_model, " GPU-hours", ("GPU-hours",),
+                    (F.watchdog_gpu_hours,))
     passed("Napkin 7.1", f"{h:,.0f} GPU-hours idle per failure while 16,384 GPUs wait out a 10-minute watchdog")
 
 
@@ -283,7 +284,7 @@ def napkin_goodput(fn):
     -> goodput, to first order (Daly's exact expectation is accepted too)."""
     what = "Napkin 7.2"
     for i, case in enumerate(GOODPUT_CASES):
-        with refusing(what, F.expected_goodput):
+        with refusing(what, F.expected_goodput, F.goodput_first_order, F.goodput_daly):
             got = fn() if i == 0 else fn(**case)
         try:
             got = float(got)
