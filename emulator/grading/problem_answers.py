@@ -2,14 +2,9 @@
 (``answer(**numbers)``), in the shape an answer file holds them: a number, a list of
 numbers, or Problem 8.1's dict. Each is a formula of :mod:`emulator.accounting`."""
 
-from ..accounting import activations, moe
-from ..accounting.all_reduce_time import (activation_all_reduce_seconds, all_reduce_busbw_gb,
-                                          gradient_all_reduce_seconds, latency_crossover_bytes)
-from ..accounting.context_parallel import cp_activation_bytes, cp_dp_split, ring_overlap_positions
-from ..accounting.failures import goodput_first_order, watchdog_gpu_hours
-from ..accounting.memory import zero1_state_gb, zero_bytes_per_gpu
-from ..accounting.pipeline import bubble_micro_batches, memory_vs_bubble
-from ..accounting.traffic import dp_compute_bound_tokens
+from ..accounting import activations
+from ..accounting.memory import zero_bytes_per_gpu
+from ..accounting.pipeline import memory_vs_bubble
 
 
 def listed(formula):
