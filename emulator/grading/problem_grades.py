@@ -22,7 +22,8 @@ def grade_close(numbers, answer, want):
     if isinstance(want, list):
         if not (isinstance(answer, (list, tuple)) and len(answer) == len(want)):
             return False, f"expected {len(want)} numbers"
-        bad = [i for i, (g, w) in enumerate(zip(answer, want)) if not (g == w if isinstance(w, int) else close(g, w))]
+        bad = [i for i, (g, w) in enumerate(zip(answer, want))
+               if not (g == w if isinstance(w, int) else close(g, w))]
         if not bad:
             return True, ""
         exact = isinstance(want[bad[0]], int)
