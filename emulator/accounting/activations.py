@@ -100,3 +100,11 @@ def pp_bytes_per_boundary(b, s, h, dtype_bytes=2):
     """Bytes a pipeline stage sends to the next per micro-batch: the activations, b s h."""
     _check(s, b, h)
     return float(b * s * h * dtype_bytes)
+
+
+def selective_activation_bytes(h, a, L, s, b, t):
+    """(bytes per layer with sequence parallelism, for all ``L`` layers with it, per layer
+    without, all layers without) on one of ``t`` tensor-parallel GPUs, with selective
+    recomputation (:func:`activation_bytes_per_layer`)."""
+    per = [activation_bytes_per_layer(s, b, h, a, t, sp, "selective") for sp in (True, False)]
+    return per[0], L * per[0], per[1], L * per[1]

@@ -143,6 +143,25 @@ def expected_goodput(interval, save_cost, mtbf, restart=0.0, lag=0.0):
     return interval * math.exp(-lag / mtbf) / (mtbf * math.exp(restart / mtbf) * growth)
 
 
+def goodput_first_order(gpus, gpu_mtbf_hours, interval_minutes, save_seconds, restart_minutes):
+    """Goodput to first order, in a napkin's units: per interval one save, per failure
+    (every GPU MTBF / GPUs) half an interval of lost work and the restart."""
+    mtbf = gpu_mtbf_hours * 3600 / gpus
+    tau, restart = interval_minutes * 60, restart_minutes * 60
+    return 1 - save_seconds / tau - (tau / 2 + restart) / mtbf
+
+
+def goodput_daly(gpus, gpu_mtbf_hours, interval_minutes, save_seconds, restart_minutes):
+    """:func:`expected_goodput` (Daly's complete model) in the same units."""
+    return expected_goodput(interval_minutes * 60, save_seconds, gpu_mtbf_hours * 3600 / gpus, restart_minutes * 60)
+
+
+def watchdog_gpu_hours(gpus, timeout_minutes):
+    """GPU-hours spent waiting when a rank dies and every GPU waits in its collective
+    until its watchdog fires after ``timeout_minutes``."""
+    return gpus * timeout_minutes / 60
+
+
 def _restarts(rng, n, restart, mtbf):
     """Wall time of ``n`` restarts of ``restart`` seconds each, a failure restarting one."""
     total = np.zeros(n)

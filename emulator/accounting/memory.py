@@ -65,3 +65,10 @@ def zero_bytes_per_gpu(n_params, dp_size, zero_stage, optimizer_bytes_per_param=
     p, g, k = float(param_bytes) * n_params, float(grad_bytes) * n_params, float(optimizer_bytes_per_param) * n_params
     n, z = dp_size, zero_stage
     return ZeroBytes(p / n if z >= 3 else p, g / n if z >= 2 else g, k / n if z >= 1 else k)
+
+
+def zero1_state_gb(n_params, dp, tp, pp):
+    """(GB per GPU of bf16 parameters and gradients, GB of mixed-precision Adam's state)
+    under ZeRO-1 on a TP x PP x DP mesh: 4 bytes per parameter over TP x PP, and 12 bytes
+    per parameter over TP x PP x DP."""
+    return 4 * n_params / (tp * pp) / 1e9, 12 * n_params / (tp * pp * dp) / 1e9

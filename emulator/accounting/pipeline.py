@@ -129,3 +129,21 @@ def peak_in_flight(schedule, p, m, rank):
     if not (isinstance(rank, int) and 0 <= rank < p):
         raise ConfigError(f"peak_in_flight: rank must be in 0..{p - 1}, got {rank!r}")
     return m if schedule == "gpipe" else min(p - rank if schedule == "1f1b" else p, m)
+
+
+def bubble_micro_batches(p, target, seqs_per_micro):
+    """(the fewest micro-batches for a bubble of ``target`` over the ideal time, the
+    sequences they hold at ``seqs_per_micro`` each, the fewest for an idle share of
+    ``target`` of the whole step)."""
+    m = micro_batches_for_bubble(p, target, of="ideal")
+    return m, m * seqs_per_micro, micro_batches_for_bubble(p, target, of="total")
+
+
+def memory_vs_bubble(p, per_micro_batch, budget, max_m):
+    """(m, bubble) for GPipe, then for 1F1B, when the first of ``p`` stages can spend
+    ``budget`` bytes on activations, a micro-batch costs it ``per_micro_batch`` and the
+    batch allows at most ``max_m``: GPipe holds all m at once, 1F1B at most p (so any m,
+    once p fit)."""
+    m_gpipe = min(int(budget // per_micro_batch), max_m)
+    m_1f1b = max_m if p * per_micro_batch <= budget else m_gpipe
+    return (m_gpipe, pipeline_bubble(p, m_gpipe), m_1f1b, pipeline_bubble(p, m_1f1b))

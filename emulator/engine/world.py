@@ -13,7 +13,9 @@ the matching receive, as NCCL's do (:mod:`emulator.engine.p2p`). So:
 * ``faults=`` kills a rank at a simulated time or slows it down (:mod:`emulator.engine.faults`):
   the others wait until their watchdog fires, and ``run`` raises a ``RankFailedError``.
 
-Errors (all subclasses of ``EmulatorError``) are raised from ``run`` at once.
+Errors (all subclasses of ``EmulatorError``) are raised from ``run`` at once. A folded
+world runs one representative of ranks that are alike (:mod:`emulator.engine.folding`);
+what a run leaves to read is in :mod:`emulator.engine.world_records`.
 """
 
 import traceback
@@ -25,15 +27,14 @@ from ..algorithms import step_plans as P
 from .clock import Clock
 from .comm import Comm
 from .faults import DEFAULT_WATCHDOG_TIMEOUT, Faults, RankDied, Unfinished, resolve
+from .folding import Folding
 from ..errors import ConfigError, DeadlockError, EmulatorError, MeshError, RankError
 from ..records.memory import MemoryLedger
 from ..mesh import Mesh
 from .p2p import BATCH_HINT, DEADLOCK_HINT
 from .wall_clock import WallGuard, WallInterrupt, check_wall_timeout, stopped_error
-from ..records.table import Table
-from ..records.timeline import Event, Timeline
+from .world_records import Records
 from ..machine.topology import Topology
-from ..records.trace import stats_from
 from ..machine.precision import precision_preset
 from ..machine.stack import stack_preset
 
@@ -69,7 +70,7 @@ def _mesh_and_topology(n, mesh, topology):
     return mesh.size, mesh, topology
 
 
-class World:
+class World(Folding, Records):
     """An emulated machine of ``n`` GPUs, optionally arranged as a named mesh.
 
     ``World(8)`` or ``World(mesh={"dp": 2, "pp": 2, "tp": 2})`` (or a
@@ -105,25 +106,6 @@ class World:
         self._patterns = {}
         self._live_counts = {}  # group ranks -> how many of them run
         self._reset()
-
-    def _fold(self, axes):
-        """Run one representative of each set of ranks that differ only along ``axes``
-        (symmetric axes of a shape-only run): the ranks with coordinate 0 along them are
-        *live*; every other rank stands for its representative."""
-        self.fold = axes
-        if not axes:
-            self.live, self.representative = list(range(self.size)), None
-            return
-        if self.mesh is None:
-            raise MeshError("fold= needs a World with a mesh, to know which ranks are alike")
-        for a in axes:
-            if a not in self.mesh.shape:
-                raise MeshError(f"cannot fold axis {a!r}: the mesh's axes are {list(self.mesh.axes)}")
-        grid = self.mesh._grid
-        index = tuple(slice(0, 1) if a in axes else slice(None) for a in self.mesh.axes)
-        rep = grid[index]
-        self.representative = np.broadcast_to(rep, grid.shape).reshape(-1)
-        self.live = sorted(int(r) for r in rep.reshape(-1))
 
     def __repr__(self):
         shape = f"mesh={self.mesh.shape}" if self.mesh else f"n={self.size}"
@@ -242,20 +224,6 @@ class World:
                     for box in sides for side in box if side.rank == rank and not side.done]
         return out
 
-    def live_members(self, ranks):
-        """The group-local indices of ``ranks`` that run (all of them unless folded)."""
-        if self.representative is None:
-            return range(len(ranks))
-        return [i for i, r in enumerate(ranks) if self.representative[r] == r]
-
-    def stand_in(self, ranks, i):
-        """The group-local index of the live rank that stands for member ``i``."""
-        rep = int(self.representative[ranks[i]])
-        if rep not in ranks:
-            raise MeshError(f"rank {ranks[i]} is folded into rank {rep}, which is not in its group {list(ranks)}: "
-                            f"a folded axis may not be crossed by a group without the ranks that stand for it")
-        return ranks.index(rep)
-
     def _block(self, rank, why):
         """Switch away from ``rank`` until something calls ``_wake(rank)``. Callers loop
         on their condition, so a wake-up that finds it still false just blocks again.
@@ -267,16 +235,6 @@ class World:
             return
         self._waiting[rank] = why
         self._main.switch()
-
-    def run_deferred(self, rank):
-        """Run the collectives ``rank`` completed alone in a folded world, in the order it
-        called them. In the unfolded world the last member arrives only once ``rank`` has
-        gone as far as it can (ranks run in order, each until it waits), so its point-to-point
-        messages posted meanwhile take the links first; deferring keeps that order, and a
-        folded run equal to the unfolded one."""
-        todo, self._deferred[rank] = self._deferred[rank], []
-        for comm, rv, run in todo:
-            comm._complete(rv, run)
 
     def _wake(self, rank):
         if self._waiting.pop(rank, None) is not None:
@@ -294,37 +252,3 @@ class World:
         if any(why.startswith("waits in batch_isend_irecv") for why in waits.values()):
             lines.append(BATCH_HINT)
         return "\n".join(lines)
-
-    # ----------------------------------------------------------------- records
-    @property
-    def trace(self):
-        """Every message of the last run (a list of :class:`~emulator.records.trace.TraceRecord`)."""
-        batches = self.clock.batches
-        if self._trace_cache is None or self._trace_cache[0] != len(batches):
-            self._trace_cache = (len(batches), [rec for b in batches for rec in b.records()])
-        return self._trace_cache[1]
-
-    def stats(self):
-        """Bytes sent and received per rank (in all and by link), totals by op, simulated
-        time per rank."""
-        return stats_from(self.clock.batches, self.size, self.clock.final())
-
-    def timeline(self):
-        """Per-rank events on every stream (compute, comm, idle), simulated time."""
-        final = self.clock.final()
-        live = set(self.live)
-        end = max((final[r] for r in self.live), default=0.0)
-        events = [Event(*e) for e in self.clock.events if e[0] in live]
-        for r in self.live:
-            if self.clock.compute[r] < end:
-                events.append(Event(r, "compute", "idle", "failed" if r in self.dead else "finished",
-                                    self.clock.compute[r], end))
-        return Timeline(events, self.size)
-
-    def save_chrome_trace(self, path):
-        return self.timeline().save_chrome_trace(path)
-
-    def memory_report(self):
-        """Per-rank current and peak bytes, in total and by kind."""
-        rows = [led.summary() for led in self.memory]
-        return Table(rows, byte_columns=[k for k in rows[0] if k != "rank"])

@@ -10,12 +10,14 @@ lesson: they are wrapped here, once, when the package is imported.
 
 import importlib
 import pkgutil
+import re
 
 from . import progress
 from .common import CheckFailed, check_close, passed
 from .progress import NotAllPassed, summary
 
-LESSON_MODULES = sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name.startswith("lesson"))
+# a lesson's module is ``lessonNN``; the modules it draws on (``lesson04_ring``) are not wrapped
+LESSON_MODULES = sorted(m.name for m in pkgutil.iter_modules(__path__) if re.fullmatch(r"lesson\d+", m.name))
 for _name in LESSON_MODULES:
     progress.watch(importlib.import_module(f"{__name__}.{_name}"))
 

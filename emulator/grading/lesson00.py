@@ -15,9 +15,8 @@ from ..algorithms import global_view as C
 from .. import cost
 from ..algorithms import p2p_ring
 from ..algorithms import step_plans as plans
-from ..cost import busbw, collective_time, crossover_bytes
+from ..accounting.all_reduce_time import all_reduce_busbw_gb, gradient_all_reduce_seconds, latency_crossover_bytes
 from ..algorithms.hand_traced import Network
-from ..machine.topology import Link, Topology
 from .common import CheckFailed, check_close, compare_arrays, expect, passed, run_on_emulator
 from .refuse import refusing
 
@@ -146,10 +145,9 @@ def napkin_gradient_all_reduce(fn):
         if str(link).lower() not in ("infiniband", "ib", "nic", "inter", "inter-node"):
             raise CheckFailed(f"Napkin 0.1: the link that sets the pace is not {link!r}: which link does a ring "
                               f"over several nodes have to cross at every step?")
-        topo = Topology(gpus_per_node=c["gpus_per_node"])
         args = ", ".join(f"{k}={v:g}" for k, v in c.items())
-        for what, got, channels in (("one flat ring", flat, 1), ("a channel per NIC", chans, None)):
-            want = collective_time("all_reduce", 2 * c["n_params"], c["n_gpus"], topo, channels=channels)
+        wants = gradient_all_reduce_seconds(**c)
+        for what, got, want in zip(("one flat ring", "a channel per NIC"), (flat, chans), wants):
             check_close(f"Napkin 0.1 ({what}, {args})", got, want, unit=" s", quiet=True)
     flat, chans, _ = outs[0]
     passed("Napkin 0.1", f"{flat:.4g} s through one NIC per node, {chans:.4g} s with a channel per NIC "
@@ -160,8 +158,7 @@ def napkin_bus_bandwidth(fn):
     """fn(n, nbytes, seconds) -> busbw in GB/s of an all_reduce nccl-tests timed."""
     cases = [dict(n=8, nbytes=1e9, seconds=4.73e-3), dict(n=16, nbytes=2e9, seconds=9.8e-3),
              dict(n=4, nbytes=256e6, seconds=1.1e-3)]
-    want = _variants("Napkin 0.2", fn, cases, lambda n, nbytes, seconds: busbw("all_reduce", nbytes, n, seconds) / 1e9,
-                     " GB/s")
+    want = _variants("Napkin 0.2", fn, cases, all_reduce_busbw_gb, " GB/s")
     passed("Napkin 0.2", f"{want:.4g} GB/s, right for 3 measurements")
 
 
@@ -169,6 +166,5 @@ def napkin_crossover(fn):
     """fn(n, alpha, beta) -> bytes per rank where a one-node ring all-reduce spends as long
     on latency as on bandwidth."""
     cases = [dict(n=8, alpha=2e-6, beta=370e9), dict(n=4, alpha=3e-6, beta=150e9), dict(n=16, alpha=5e-6, beta=48e9)]
-    want = _variants("Napkin 0.3", fn, cases,
-                     lambda n, alpha, beta: crossover_bytes(n, Link("link", alpha, beta)), " bytes")
+    want = _variants("Napkin 0.3", fn, cases, latency_crossover_bytes, " bytes")
     passed("Napkin 0.3", f"{want:.4g} bytes, right for 3 links")

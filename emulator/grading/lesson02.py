@@ -8,14 +8,16 @@ collectives, how many, how many bytes. While it runs, the library's own versions
 import numpy as np
 
 from .. import nn
-from ..machine.topology import Topology
 from ..engine.world import World
 from ..accounting import activations
+from ..accounting.all_reduce_time import activation_all_reduce_seconds
 from ..cost import collective_time
 from ..parallel import tensor_parallel as TP
 from ..parallel.tensor_parallel import regions as SP, vocab as VP
 from ..parallel.tensor_parallel.block import TensorParallelBlock
 from .common import CheckFailed, check_close, compare_arrays, expect, passed, run_on_emulator
+from .lesson02_sublayers import (A, B, D, FF, S, SP_S, expect_sp_forward_calls, positions, sp_reference, sp_shard,
+                                sp_sublayer)
 from .napkins import variants
 from .refuse import refusing
 
@@ -24,9 +26,7 @@ LIBRARY = (TP.ColumnParallelLinear, TP.RowParallelLinear, TensorParallelBlock,
            SP.gather_from_sequence_parallel_region_backward, SP.reduce_scatter_to_sequence_parallel_region_backward,
            TensorParallelBlock.sync_sequence_parallel_grads, VP.vocab_parallel_cross_entropy,
            activations.activation_bytes_per_layer, activations.activation_terms, activations.tp_bytes_per_layer,
-           activations.pp_bytes_per_boundary, collective_time)
-D, A, FF, B, S = 16, 4, 32, 2, 8
-SP_S, SP_FF = 12, 48  # the sequence-parallel sublayer: 12 positions and d_ff 48 split over 1, 2, 3 or 4 ranks
+           activations.pp_bytes_per_boundary, activations.selective_activation_bytes, collective_time)
 # while the sequence-parallel checks run, the library's sequence-parallel block refuses (the
 # collectives along a dim, SP.all_gather_dim and SP.reduce_scatter_dim, stay allowed)
 SP_LIBRARY = (TensorParallelBlock, TensorParallelBlock.sync_sequence_parallel_grads)
@@ -108,68 +108,20 @@ def check_tp_attention(forward, backward):
            "with one all-reduce in forward and one in backward")
 
 
-def _sp_sublayer(t):
-    """Parameters of the MLP sublayer y = x + MLP(LN(x)) (biases and norm not at their
-    initial values, so a missing or doubled term shows), an input and an output gradient."""
-    rng = np.random.default_rng(20 + t)
-    mlp = nn.MLP(D, SP_FF, dtype=np.float64)
-    full = {k: v + 0.3 * rng.standard_normal(v.shape) for k, v in mlp.init(rng).items()}
-    full["ln.g"], full["ln.b"] = 1 + 0.2 * rng.standard_normal(D), 0.2 * rng.standard_normal(D)
-    x, dy = rng.standard_normal((B, SP_S, D)), rng.standard_normal((B, SP_S, D))
-    return full, x, dy
-
-
-def _sp_reference(full, x, dy):
-    """One device: (y, dx, grads) of y = x + MLP(LN(x))."""
-    mlp = nn.MLP(D, SP_FF, dtype=np.float64)
-    a = nn.layer_norm(x, full["ln.g"], full["ln.b"])
-    mp = {k: v for k, v in full.items() if not k.startswith("ln.")}
-    z, cache = mlp.forward(mp, a)
-    da, grads = mlp.backward(mp, cache, dy)
-    dx_ln, grads["ln.g"], grads["ln.b"] = nn.layer_norm_backward(x, full["ln.g"], da)
-    return x + z, dy + dx_ln, grads
-
-
-def _sp_shard(full, r, t):
-    cols = slice(r * SP_FF // t, (r + 1) * SP_FF // t)
-    return {"ln.g": full["ln.g"], "ln.b": full["ln.b"], "fc1.w": full["fc1.w"][:, cols], "fc1.b": full["fc1.b"][cols],
-            "fc2.w": full["fc2.w"][cols], "fc2.b": full["fc2.b"]}
-
-
-def _positions(r, t):
-    return slice(r * SP_S // t, (r + 1) * SP_S // t)
-
-
-def _sp_forward_calls(what, t, calls):
-    """The forward's collectives: one all-gather of the norm's output, one reduce-scatter
-    of fc2's partial output, nothing else."""
-    local, whole = B * (SP_S // t) * D * 8, B * SP_S * D * 8
-    want = [("all_gather", local), ("reduce_scatter", whole)]
-    got = [(c.op, c.nbytes) for c in calls]
-    if any(op == "all_reduce" for op, _ in got):
-        raise CheckFailed(f"{what}, t={t}: the forward made {got}; an all-reduce after fc2 hands every rank the whole "
-                          f"sequence, as tensor parallelism alone does. Under sequence parallelism reduce-scatter it "
-                          f"along the sequence, so each rank keeps the sum for its own positions ({whole} bytes in, "
-                          f"{local} out)")
-    expect(got == want, f"{what}, t={t}: the forward made {got}; it needs {want}: the norm on this rank's "
-                        f"positions, one all-gather of its output before fc1 (the column-parallel layer needs the "
-                        f"whole sequence), one reduce-scatter of fc2's partial output")
-
-
 def check_sp_forward(forward):
     """Exercise 2.3: the sequence-parallel MLP sublayer's forward on t ranks."""
     what = "Exercise 2.3"
     for t in (1, 2, 3, 4):
-        full, x, dy = _sp_sublayer(t)
-        y_ref, _, _ = _sp_reference(full, x, dy)
-        world, out = _run(what, t, lambda c: forward(c, _sp_shard(full, c.rank, t), x[:, _positions(c.rank, t)].copy()),
+        full, x, dy = sp_sublayer(t)
+        y_ref, _, _ = sp_reference(full, x, dy)
+        world, out = _run(what, t, lambda c: forward(c, sp_shard(full, c.rank, t), x[:, positions(c.rank, t)].copy()),
                           SP_LIBRARY)
         for r, res in enumerate(out):
             expect(isinstance(res, tuple) and len(res) == 2, f"{what}: return (y, cache)")
-            compare_arrays(f"{what}, t={t}, rank {r}, output (positions {_positions(r, t).start}.."
-                           f"{_positions(r, t).stop - 1})", res[0], y_ref[:, _positions(r, t)])
+            compare_arrays(f"{what}, t={t}, rank {r}, output (positions {positions(r, t).start}.."
+                           f"{positions(r, t).stop - 1})", res[0], y_ref[:, positions(r, t)])
         if t > 1:
-            _sp_forward_calls(what, t, world.calls[0])
+            expect_sp_forward_calls(what, t, world.calls[0])
     passed(what, "the sequence-parallel sublayer equals one device on 1, 2, 3 and 4 ranks, each rank holding its "
                  "positions; its forward is one all-gather and one reduce-scatter: an all-reduce's bytes")
 
@@ -179,12 +131,12 @@ def check_sp_backward(forward, backward):
     what = "Exercise 2.4"
     regathered = set()
     for t in (1, 2, 3, 4):
-        full, x, dy = _sp_sublayer(t)
-        _, dx_ref, g_ref = _sp_reference(full, x, dy)
+        full, x, dy = sp_sublayer(t)
+        _, dx_ref, g_ref = sp_reference(full, x, dy)
 
         def prog(comm):
-            mine = _positions(comm.rank, t)
-            p = _sp_shard(full, comm.rank, t)
+            mine = positions(comm.rank, t)
+            p = sp_shard(full, comm.rank, t)
             _, cache = forward(comm, p, x[:, mine].copy())
             return backward(comm, p, cache, dy[:, mine].copy())
 
@@ -192,8 +144,8 @@ def check_sp_backward(forward, backward):
         for r, res in enumerate(out):
             expect(isinstance(res, tuple) and len(res) == 2 and isinstance(res[1], dict),
                    f"{what}: return (dx, grads), grads a dict keyed like p")
-            compare_arrays(f"{what}, t={t}, rank {r}, input gradient", res[0], dx_ref[:, _positions(r, t)])
-        want = [_sp_shard(g_ref, r, t) for r in range(t)]
+            compare_arrays(f"{what}, t={t}, rank {r}, input gradient", res[0], dx_ref[:, positions(r, t)])
+        want = [sp_shard(g_ref, r, t) for r in range(t)]
         for k in want[0]:
             got = [res[1].get(k) for res in out]
             if any(g is None for g in got):
@@ -286,13 +238,8 @@ def problem_8_4(fn):
     selective recomputation."""
     cases = [dict(h=12288, a=96, L=96, s=4096, b=1, t=8), dict(h=8192, a=64, L=80, s=8192, b=1, t=8),
              dict(h=5120, a=40, L=40, s=2048, b=2, t=4)]
-
-    def model(h, a, L, s, b, t):
-        per = [activations.activation_bytes_per_layer(s, b, h, a, t, sp, "selective") for sp in (True, False)]
-        return per[0], L * per[0], per[1], L * per[1]
-
-    got = _variants("Problem 8.4", fn, cases, model, " B", ("per layer, SP", "per GPU, SP", "per layer, no SP",
-                                                              "per GPU, no SP"))
+    got = _variants("Problem 8.4", fn, cases, activations.selective_activation_bytes, " B",
+                    ("per layer, SP", "per GPU, SP", "per layer, no SP", "per GPU, no SP"))
     passed("Problem 8.4", f"{got[0] / 1e6:.0f} MB per layer and {got[1] / 1e9:.1f} GB per GPU with sequence "
            f"parallelism, {got[2] / 1e6:.0f} MB and {got[3] / 1e9:.1f} GB without; right for 3 models")
 
@@ -304,7 +251,7 @@ def napkin_tp_across_nodes(fn):
              dict(b=2, s=2048, h=12288, t=8, gpus_per_node=4)]
 
     def model(b, s, h, t, gpus_per_node):
-        return (collective_time("all_reduce", 2 * b * s * h, t, Topology(gpus_per_node=gpus_per_node)),)
+        return (activation_all_reduce_seconds(b, s, h, t, gpus_per_node),)
 
     def wrapped(**case):
         return (fn(**case),) if case else (fn(),)

@@ -9,8 +9,6 @@ counted and its ledger read. While a check runs, the library's own schedules and
 refuse.
 """
 
-import math
-
 import numpy as np
 
 from .. import nn
@@ -21,14 +19,15 @@ from ..errors import RankError
 from ..parallel import pipeline as pp
 from ..parallel.pipeline import executor, schedules
 from ..training import synthetic_batches, train_single
-from .common import CheckFailed, compare_arrays, expect, one_handle_hint, passed, run_on_emulator
+from .common import CheckFailed, compare_arrays, expect, passed, run_on_emulator
+from .lesson03_napkins import FORMULAS, NAPKIN_3_1_CASES, PROBLEM_8_2_CASES, memory_hint, napkin, rounding_hint
+from .lesson03_watched_stage import loop_hint, watching
 from .refuse import refusing
 
 SCHEDULES = (schedules.schedule, schedules.one_f_one_b, schedules.gpipe, schedules.interleaved_1f1b,
              schedules.zb_h1)
 LOOP = (executor.run_actions,)
 SYNC = (executor.sync_dp_grads,)
-FORMULAS = (formulas.micro_batches_for_bubble, formulas.pipeline_bubble)
 FREE = Topology.free_network()
 COSTS = (1e-3, 1e-3, 1e-3)
 
@@ -103,93 +102,6 @@ def _run_schedule(what, world, model, params, s, x):
         raise CheckFailed(f"{what}: the schedule failed on the emulator:\n{exc}") from None
 
 
-class _WatchedStage:
-    """The stage a student's loop gets, checking what each action is given: the
-    micro-batch's tokens on the first stage, and elsewhere exactly what the neighbouring
-    stage's action sent (``sent``, shared by the ranks: (kind, micro-batch, virtual stage)
-    -> the output that action sent)."""
-
-    def __init__(self, stage, label, sent):
-        self._stage, self._label, self._sent = stage, label, sent
-
-    def __getattr__(self, name):
-        return getattr(self._stage, name)
-
-    def _where(self, action):
-        st = self._stage
-        return (f"{self._label}: rank {st.rank} ran {action} (chunk {action.chunk}, virtual stage "
-                f"{st.virtual_stage(action.chunk)} of {st.p * st.v})")
-
-    def _check_received(self, action, x):
-        """``x`` must be what the action's source sent: the receive's buffer, after its wait."""
-        s = self._stage.virtual_stage(action.chunk)
-        source = s - 1 if action.kind == "F" else s + 1
-        what = "activations" if action.kind == "F" else "output gradient"
-        if x is None:
-            raise CheckFailed(f"{self._where(action)} on nothing; it runs on the {what} that virtual stage {source} "
-                              f"sends (stage.source(a) says which rank)")
-        sent = self._sent.get((action.kind, action.microbatch, source))
-        if sent is None or np.shape(x) != np.shape(sent) or not np.array_equal(x, sent):
-            raise CheckFailed(
-                f"{self._where(action)} on data that is not the {what} {action.kind}{action.microbatch} of virtual "
-                f"stage {source} sent. The received data is in the buffer you gave P2POp(comm.irecv, buffer, peer), "
-                f"and only once the batch that brings it has been waited for: wait on its handle before the action "
-                f"reads the buffer (batch_isend_irecv returns one handle for the whole batch; its wait() returns "
-                f"True, not the data)")
-
-    def forward(self, action, x, y=None):
-        st = self._stage
-        first = st.is_first(action.chunk)
-        tokens = x is not None and np.issubdtype(np.asarray(x).dtype, np.integer)
-        if first and not tokens:
-            raise CheckFailed(f"{self._where(action)} on {'nothing' if x is None else 'received activations'}; the "
-                              f"first stage reads the micro-batch's tokens, micro_x[{action.microbatch}] "
-                              f"(stage.is_first(a.chunk) says which stage that is)")
-        if not first and tokens:
-            raise CheckFailed(f"{self._where(action)} on the micro-batch's tokens; only the first stage reads them, "
-                              f"every other stage runs on the activations it received. With interleaving rank 0 also "
-                              f"holds later stages: test stage.is_first(a.chunk), not the rank")
-        if not first:
-            self._check_received(action, x)
-        out = st.forward(action, x, y)
-        if not st.is_last(action.chunk):
-            self._sent[("F", action.microbatch, st.virtual_stage(action.chunk))] = np.array(out, copy=True)
-        return out
-
-    def backward(self, action, dy=None, scale=1.0):
-        st = self._stage
-        if not st.is_last(action.chunk):
-            self._check_received(action, dy)
-        out = st.backward(action, dy, scale=scale)
-        if not st.is_first(action.chunk):
-            self._sent[("B", action.microbatch, st.virtual_stage(action.chunk))] = np.array(out, copy=True)
-        return out
-
-
-def _watching(loop, label):
-    sent = {}
-
-    def watched(comm, stage, steps, micro_x, micro_y):
-        return loop(comm, _WatchedStage(stage, label, sent), steps, micro_x, micro_y)
-
-    return watched
-
-
-def _loop_hint(exc):
-    """What a failure of the loop most likely means."""
-    text = str(exc)
-    if "issued separately" in text:
-        return ("\nSeparately issued isend/irecv between two neighbours run in issue order on NCCL (one stream per "
-                "pair of ranks), so each rank's send waits in front of the receive that would let the other's "
-                "finish, and a cluster hangs the same way. Post each step's sends and receives together, in one "
-                "comm.batch_isend_irecv([...]).")
-    if "waits in batch_isend_irecv" in text:
-        return ("\nEach step of the program is one batch: its sends and its receives together, posted after the "
-                "step's actions, in the program's order. Batches split another way (sends apart from receives, or a "
-                "receive moved to another step) leave two neighbours each waiting for a batch the other posts later.")
-    return one_handle_hint(exc)
-
-
 def _reference_grads(model, params, x, y):
     logits, cache = model.forward(params, x)
     _, lc = nn.cross_entropy(logits, y)
@@ -210,12 +122,12 @@ def check_stage_loop(loop):
         label = f"{what}, {name} p={p} m={m}" + (f" v={v}" if v > 1 else "")
         with refusing(what, *LOOP):
             try:
-                run = pp.run(world, model, params, s, x, y, loop=_watching(loop, label))
+                run = pp.run(world, model, params, s, x, y, loop=watching(loop, label))
             except Exception as exc:  # noqa: BLE001
                 original = exc.original if isinstance(exc, RankError) else None
                 if isinstance(original, (NotImplementedError, CheckFailed)):
                     raise original from None
-                raise CheckFailed(f"{label}: the loop failed on the emulator:\n{exc}{_loop_hint(exc)}") \
+                raise CheckFailed(f"{label}: the loop failed on the emulator:\n{exc}{loop_hint(exc)}") \
                     from None
         ref = _reference_grads(model, params, x, y)
         got = run.grads()
@@ -319,103 +231,30 @@ def check_dp_sync(sync):
            "interleaved, dp 3 alone), averaging over the dp group only")
 
 
-def _napkin(name, fn, cases, model, labels, hint):
-    """A napkin answer called with the problem's own numbers (its defaults) and with the
-    other ``cases``; counts compared exactly, fractions to 1e-6. ``hint(case, i, got)``
-    names the likely mistake when number ``i`` is wrong. Returns the model's first answer."""
-    for k, case in enumerate(cases):
-        with refusing(name, *FORMULAS):
-            got = fn() if k == 0 else fn(**case)
-        want = model(**case)
-        expect(isinstance(got, tuple) and len(got) == len(want), f"{name}: return {len(want)} numbers: "
-                                                                 f"{', '.join(labels)}")
-        args = ", ".join(f"{key}={v:g}" for key, v in case.items())
-        for i, (label, g, w) in enumerate(zip(labels, got, want)):
-            try:
-                g = float(g)
-            except (TypeError, ValueError):
-                raise CheckFailed(f"{name} ({label}, {args}): expected a number, got {g!r}") from None
-            if g == w if isinstance(w, int) else abs(g - w) <= 1e-6 * abs(w):
-                continue
-            shown = (f"{w}", f"{g:g}") if isinstance(w, int) else (f"{w:.4g}", f"{g:.4g}")
-            raise CheckFailed(f"{name} ({label}, {args}): expected {shown[0]}, got {shown[1]}{hint(case, i, got)}")
-    return model(**cases[0])
-
-
-PROBLEM_8_2_CASES = [dict(p=12, target=0.05, seqs_per_micro=4), dict(p=8, target=0.03, seqs_per_micro=2),
-                     dict(p=10, target=0.07, seqs_per_micro=4), dict(p=16, target=0.02, seqs_per_micro=1),
-                     dict(p=24, target=0.08, seqs_per_micro=8)]
-
-
-def problem_8_2_answer(p, target, seqs_per_micro):
-    """Model answer of Problem 8.2: (m over ideal time, sequences, m over the total step)."""
-    m = formulas.micro_batches_for_bubble(p, target, of="ideal")
-    return m, m * seqs_per_micro, formulas.micro_batches_for_bubble(p, target, of="total")
-
-
-def _rounding_hint(case, i, got):
-    p, target = case["p"], case["target"]
-    ideal, total = (formulas.micro_batches_for_bubble(p, target, of=of) for of in ("ideal", "total"))
-    if i in (0, 2) and ideal != total and float(got[i]) == (total if i == 0 else ideal):
-        return (": that is the count for the bubble as a share of the whole step; this number asks for it over "
-                "the ideal time" if i == 0 else ": that is the count for the bubble over the ideal time; this "
-                "number asks for the idle share of the whole step")
-    bound = {0: (p - 1) / target, 2: (p - 1) * (1 - target) / target}.get(i)
-    if bound is None or float(bound).is_integer():
-        return ""
-    if float(got[i]) == math.floor(bound):
-        return (f": m must reach {bound:.4g}; {math.floor(bound)} micro-batches leave the bubble above the target, "
-                f"so round up")
-    if abs(float(got[i]) - bound) < 1e-6:
-        return f": a number of micro-batches is whole; round {bound:.4g} up"
-    return ""
+problem_8_2_answer = formulas.bubble_micro_batches  # the model answer of Problem 8.2
 
 
 def problem_8_2(fn):
     """fn(p, target, seqs_per_micro) -> (m over ideal time, sequences, m over total time).
     Called with the problem's numbers and with others, some where (p-1)/target is not a
     whole number (so rounding down fails); each count compared exactly."""
-    m, n, m_total = _napkin("Problem 8.2", fn, PROBLEM_8_2_CASES, problem_8_2_answer,
+    m, n, m_total = napkin("Problem 8.2", fn, PROBLEM_8_2_CASES, problem_8_2_answer,
                             ("micro-batches, bubble over the ideal time", "sequences",
-                             "micro-batches, idle share of the step"), _rounding_hint)
+                             "micro-batches, idle share of the step"), rounding_hint)
     passed("Problem 8.2", f"{m} micro-batches of 4 = {n} sequences per pipeline (bubble over ideal time); {m_total} "
                           f"if the 5% is the idle share of the whole step; right for {len(PROBLEM_8_2_CASES)} cases, "
                           f"rounding included")
 
 
-def memory_vs_bubble(p, per_micro_batch, budget, max_m):
-    """Model answer of Napkin 3.1: (m, bubble) for GPipe and for 1F1B within the budget."""
-    m_gpipe = min(int(budget // per_micro_batch), max_m)
-    m_1f1b = max_m if p * per_micro_batch <= budget else m_gpipe
-    return (m_gpipe, formulas.pipeline_bubble(p, m_gpipe), m_1f1b, formulas.pipeline_bubble(p, m_1f1b))
-
-
-NAPKIN_3_1_CASES = [dict(p=8, per_micro_batch=2e9, budget=40e9, max_m=256),
-                    dict(p=4, per_micro_batch=3e9, budget=30e9, max_m=64),
-                    dict(p=16, per_micro_batch=2e9, budget=24e9, max_m=256),  # p micro-batches do not fit
-                    dict(p=4, per_micro_batch=1e9, budget=80e9, max_m=32),  # the batch caps GPipe before memory
-                    dict(p=6, per_micro_batch=5e9, budget=52e9, max_m=128)]
-
-
-def _memory_hint(case, i, got):
-    p, per, budget, max_m = case["p"], case["per_micro_batch"], case["budget"], case["max_m"]
-    fits = int(budget // per)
-    if i == 0 and float(got[0]) == fits > max_m:
-        return f": the memory holds {fits}, but the batch has only {max_m} micro-batches"
-    if i == 2 and float(got[2]) == max_m and p * per > budget:
-        return (f": 1F1B's first stage holds min(p, m) micro-batches, and {p} of them ({p * per:.3g} bytes) do not "
-                f"fit in {budget:.3g}; with fewer than p in flight it can run only as many as GPipe")
-    if i == 2 and float(got[2]) == fits and p * per <= budget:
-        return ": 1F1B's first stage holds at most p micro-batches whatever m, so m is limited by the batch only"
-    return ""
+memory_vs_bubble = formulas.memory_vs_bubble  # the model answer of Napkin 3.1
 
 
 def napkin_memory_vs_bubble(fn):
     """fn(p, per_micro_batch, budget, max_m) -> (m GPipe, bubble GPipe, m 1F1B, bubble 1F1B).
     The cases include a budget that cannot hold p micro-batches (1F1B is then no better
     than GPipe) and one that holds more than the batch has (GPipe stops at max_m)."""
-    ans = _napkin("Napkin 3.1", fn, NAPKIN_3_1_CASES, memory_vs_bubble,
-                  ("GPipe's micro-batches", "GPipe's bubble", "1F1B's micro-batches", "1F1B's bubble"), _memory_hint)
+    ans = napkin("Napkin 3.1", fn, NAPKIN_3_1_CASES, memory_vs_bubble,
+                  ("GPipe's micro-batches", "GPipe's bubble", "1F1B's micro-batches", "1F1B's bubble"), memory_hint)
     passed("Napkin 3.1", f"GPipe fits {ans[0]} micro-batches (bubble {ans[1]:.1%}); 1F1B holds p of them whatever m, "
            f"so it runs {ans[2]} (bubble {ans[3]:.1%}); right for {len(NAPKIN_3_1_CASES)} cases, including a budget "
            f"too small for p micro-batches and a batch smaller than the budget")

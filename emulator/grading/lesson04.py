@@ -11,22 +11,20 @@ K/V blocks at a time, not the whole sequence's. While a check runs, the library'
 versions refuse, and so does torch (its allocator is invisible to ``tracemalloc``).
 """
 
-import sys
-import tracemalloc
-from contextlib import contextmanager
-
 import numpy as np
 
-from .. import nn
 from ..machine.topology import Topology
 from ..engine.world import World
-from ..accounting import activations
+from ..accounting import activations, context_parallel
 from ..errors import RankError
 from ..parallel import context_parallel as cp
 from ..parallel.context_parallel import layout as L
 from ..parallel.context_parallel import online_softmax as OS
 from ..parallel.context_parallel import ring as RING
 from .common import CheckFailed, compare_arrays, expect, passed, run_on_emulator
+from .lesson04_measured_memory import traced_peak, without_torch
+from .lesson04_references import blocks_of_scores, fold_reference, full_attention, qkv
+from .lesson04_ring import CASES, compute_per_rank, memory_against_the_library, ring_calls
 from .napkins import variants
 from .refuse import refusing
 
@@ -37,108 +35,24 @@ BACKWARD = (RING.ring_attention_backward, RING.blocks)
 OVERFLOW = 709.0  # e^x overflows float64 above this
 
 
-def _qkv(shape, seed, scale=1.0):
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal(shape) * s for s in (scale, scale, 1.0, 1.0)]
-
-
-def _full(q, k, v, causal, do=None):
-    core = nn.AttentionCore(causal)
-    o, cache = core.forward({}, (q, k, v))
-    return o if do is None else (o,) + core.backward_input({}, cache, do)
-
-
-# ----------------------------------------------------------------- no torch inside a check
-def _torch_name(event, frame, arg):
-    """The torch function a profiler event enters, or None."""
-    if event == "call":
-        name = frame.f_globals.get("__name__", "")
-        return f"{name}.{frame.f_code.co_name}" if name.split(".")[0] == "torch" else None
-    if event == "c_call":
-        owner = getattr(arg, "__module__", None) or getattr(getattr(arg, "__objclass__", None), "__module__", None)
-        self_ = getattr(arg, "__self__", None)
-        if owner is None and isinstance(self_, type(sys)):
-            owner = self_.__name__
-        if owner and owner.split(".")[0] == "torch":
-            return f"{owner}.{getattr(arg, '__name__', '?')}"
-    return None
-
-
-@contextmanager
-def _without_torch(what):
-    """Fail the check if the code run inside calls into torch: its kernels allocate outside
-    Python's allocator, so the memory measured here would not see them."""
-    seen = []
-
-    def profile(frame, event, arg):
-        if not seen:
-            name = _torch_name(event, frame, arg)
-            if name:
-                seen.append(name)
-
-    previous = sys.getprofile()
-    sys.setprofile(profile)
-    try:
-        yield
-    finally:
-        sys.setprofile(previous)
-        if seen:
-            raise CheckFailed(f"{what}: your code called {seen[0]}; write the exercise in NumPy (torch's kernels are "
-                              f"not the exercise, and their memory is invisible to this check)")
-
-
-def _traced_peak(run):
-    """Peak bytes Python's allocator (NumPy arrays included) holds while ``run()`` runs."""
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        result = run()
-        return result, tracemalloc.get_traced_memory()[1] - base
-    finally:
-        tracemalloc.stop()
-
-
 # ----------------------------------------------------------------- Exercise 4.1
-def _fold_reference(blocks):
-    scores = np.concatenate([s for s, _ in blocks], axis=-1)
-    values = np.concatenate([v for _, v in blocks], axis=-2)
-    top = scores.max(-1, keepdims=True)
-    e = np.exp(scores - top)
-    return e @ values / e.sum(-1, keepdims=True), (top + np.log(e.sum(-1, keepdims=True)))[..., 0]
-
-
-def _blocks_of_scores(rows, n_blocks, width, d, scale, seed, masked):
-    """Blocks of (scores, values); with ``masked``, row i sees nothing before block i // 2
-    (rows that start with only -inf), as a causal mask makes."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for j in range(n_blocks):
-        s = rng.standard_normal((2, rows, width)) * scale
-        if masked:
-            hidden = (np.arange(rows) // 2 > j)[:, None] | (rng.random((rows, width)) < 0.3)
-            hidden[np.arange(rows) // 2 <= j, 0] = False  # every row sees something once it starts
-            s = np.where(hidden, -np.inf, s)
-        out.append((s, rng.standard_normal((2, width, d))))
-    return out
-
-
 def check_online_attention(update, attention):
     """Exercise 4.1: update(m, l, acc, scores, v) -> (m, l, acc), one block folded in;
     attention(q, k, v, block, causal) -> softmax attention, one block of keys at a time."""
     what = "Exercise 4.1"
     for rows, n_blocks, width, scale, masked in [(3, 2, 4, 1.0, False), (6, 5, 3, 3.0, True),
                                                   (4, 4, 8, 900.0, False), (8, 6, 2, 1500.0, True)]:
-        blocks = _blocks_of_scores(rows, n_blocks, width, 5, scale, rows + n_blocks, masked)
+        blocks = blocks_of_scores(rows, n_blocks, width, 5, scale, rows + n_blocks, masked)
         m, l, acc = np.full((2, rows), -np.inf), np.zeros((2, rows)), np.zeros((2, rows, 5))
         label = f"{what}, online_update, {n_blocks} blocks of {width} keys, scores up to {scale * 3:.0f}" + \
             (", some rows masked so far" if masked else "")
-        with refusing(what, *ONLINE), _without_torch(what):
+        with refusing(what, *ONLINE), without_torch(what):
             for s, v in blocks:
                 m, l, acc = (np.asarray(x, np.float64) for x in update(m.copy(), l.copy(), acc.copy(), s.copy(),
                                                                        v.copy()))
         with np.errstate(all="ignore"):  # a wrong answer may divide by zero: reported below
             out, lse = acc / l[..., None], m + np.log(l)
-        want, want_lse = _fold_reference(blocks)
+        want, want_lse = fold_reference(blocks)
         if not np.isfinite(out).all():
             if masked and np.isfinite(out[..., :2, :]).all():  # rows 2.. are the ones that start masked
                 raise CheckFailed(f"{label}: rows that saw only masked scores (-inf) in the first blocks end as "
@@ -152,19 +66,19 @@ def check_online_attention(update, attention):
     cases = [((1, 1, 8, 4), 8, False, 1.0), ((2, 3, 32, 8), 4, False, 1.0), ((2, 3, 32, 8), 8, True, 1.0),
              ((1, 2, 24, 4), 1, True, 1.0), ((1, 1, 30, 4), 6, True, 1.0), ((1, 2, 32, 4), 8, True, 20.0)]
     for shape, block, causal, scale in cases:
-        q, k, v, _ = _qkv(shape, block, scale)
-        with refusing(what, *ONLINE), _without_torch(what):
+        q, k, v, _ = qkv(shape, block, scale)
+        with refusing(what, *ONLINE), without_torch(what):
             got = attention(q.copy(), k.copy(), v.copy(), block, causal)
         label = f"{what}, online_attention, shape {shape}, block {block}, causal={causal}"
-        want = _full(q, k, v, causal)
+        want = full_attention(q, k, v, causal)
         if scale > 1 and not np.isfinite(np.asarray(got, np.float64)).all():
             top = np.abs(q @ k.swapaxes(-1, -2)).max() / np.sqrt(shape[-1])
             raise CheckFailed(f"{label}: scores reach {top:.0f} and your output has inf or nan: e^x overflows once x "
                               f"passes about {OVERFLOW:.0f}; keep the running max and subtract it (online_update)")
         compare_arrays(label, got, want)
-    q, k, v, _ = _qkv((1, 1, 1024, 8), 0)
-    with refusing(what, *ONLINE), _without_torch(what):
-        _, peak = _traced_peak(lambda: attention(q, k, v, 64, True))
+    q, k, v, _ = qkv((1, 1, 1024, 8), 0)
+    with refusing(what, *ONLINE), without_torch(what):
+        _, peak = traced_peak(lambda: attention(q, k, v, 64, True))
     scores = 1024 * 1024 * 8
     expect(peak < scores / 2, f"{what}: with 1024 positions in blocks of 64, your function allocated {peak / 1e6:.1f} MB "
                               f"at its peak; the full score matrix is {scores / 1e6:.1f} MB. Keep only one block of "
@@ -208,59 +122,6 @@ def check_zigzag(split, gather, visible):
                  "right and hidden blocks skipped")
 
 
-# ----------------------------------------------------------------- the ring: shared reading of a run
-CASES = [(c, causal, layout) for c in (1, 2, 3, 4, 8) for causal in (False, True) for layout in L.LAYOUTS]
-
-
-def _ring_calls(label, world, c, ops=("send", "recv")):
-    """Every call is point to point with a neighbour: sends to r+1, receives from r-1."""
-    for r in range(c):
-        calls = world.calls[r]
-        bad = [x for x in calls if x.op not in ops]
-        if bad:
-            raise CheckFailed(f"{label}: rank {r} called {bad[0].op} on group {bad[0].group}; the ring needs point to "
-                              f"point with its neighbours only (no collective gathers the sequence)")
-        expect(all(x.peer == (r + 1) % c for x in calls if x.op == "send") and
-               all(x.peer == (r - 1) % c for x in calls if x.op == "recv"),
-               f"{label}: rank {r} talks to {sorted({x.peer for x in calls})}; send to rank r+1 and receive from "
-               f"r-1 only")
-
-
-def _compute_per_rank(c, n, causal, layout, lead, d):
-    """Seconds of compute (at 1 FLOP/s) each rank's score blocks need: the quarter-blocks a
-    causal mask leaves, 4 lead n_q n_k d FLOPs each."""
-    need = []
-    for r in range(c):
-        flops = 0
-        for t in range(c):
-            for rows, cols, _ in RING.blocks(r, (r - t) % c, c, n, causal, layout):
-                flops += 4 * lead * (rows.stop - rows.start) * (cols.stop - cols.start) * d
-        need.append(flops)
-    return np.array(need, float)
-
-
-def _memory_against_the_library(what, label, fn, library, shards, c, block, kwargs, refuse, extra_blocks=2):
-    """Run ``fn`` and the library's ring on the same shards, tracing memory; the student's
-    peak may exceed the library's by ``extra_blocks`` K/V blocks per rank, no more."""
-
-    def runner(f, refused):
-        def go():
-            world = World(c)
-            with refusing(what, *refused):
-                return run_on_emulator(world, lambda comm: f(comm, *(s[comm.rank].copy() for s in shards), **kwargs),
-                                       label)
-        return go
-
-    _, lib_peak = _traced_peak(runner(library, ()))
-    with _without_torch(what):
-        _, peak = _traced_peak(runner(fn, refuse))
-    held = (peak - lib_peak) / (c * block) + 2
-    expect(peak <= lib_peak + extra_blocks * c * block,
-           f"{label}: your {c} ranks held about {held:.1f} K/V blocks each at their peak (measured), where the ring "
-           f"needs two: the block it computes with and the one arriving. Keep no other rank's block once you have "
-           f"folded it in (no list of blocks, no concatenated K/V)")
-
-
 # ----------------------------------------------------------------- Exercise 4.3
 def check_ring_forward(fn):
     """Exercise 4.3: fn(comm, q, k, v, causal, layout) -> this rank's rows of attention."""
@@ -268,14 +129,14 @@ def check_ring_forward(fn):
     topo = Topology(flops=1e8)  # compute slow beside the transfers, so that overlap is plain in the timeline
     for c, causal, layout in CASES:
         label = f"{what}, c={c}, {'causal' if causal else 'no mask'}, {layout}"
-        q, k, v, _ = _qkv((2, 2, 8 * c, 8), c, scale=30.0)  # scores past e^x's overflow
+        q, k, v, _ = qkv((2, 2, 8 * c, 8), c, scale=30.0)  # scores past e^x's overflow
         shards = [cp.split_sequence(a, c, layout) for a in (q, k, v)]
         world = World(c, topology=topo)
-        with refusing(what, *FORWARD), _without_torch(what):
+        with refusing(what, *FORWARD), without_torch(what):
             got = run_on_emulator(world, lambda comm: fn(comm, *(s[comm.rank].copy() for s in shards), causal=causal,
                                                          layout=layout), label)
-        compare_arrays(label, cp.gather_sequence(got, layout), _full(q, k, v, causal))
-        _ring_calls(label, world, c)
+        compare_arrays(label, cp.gather_sequence(got, layout), full_attention(q, k, v, causal))
+        ring_calls(label, world, c)
         block = 2 * q.nbytes // c
         for r in range(c):
             sent = sum(x.nbytes for x in world.calls[r] if x.op == "send")
@@ -293,7 +154,7 @@ def check_ring_forward(fn):
             expect(len(hidden) == len(transfers), f"{label}: {len(transfers) - len(hidden)} of rank 0's transfers "
                    f"ran while it computed nothing: post the next block's send and receive (batch_isend_irecv) "
                    f"before computing on the current one, and wait after")
-        need = _compute_per_rank(c, 8, causal, layout, 4, 8) / topo.flops
+        need = compute_per_rank(c, 8, causal, layout, 4, 8) / topo.flops
         done = np.array([tl.total("compute", r) for r in range(c)])
         for r in np.nonzero(np.abs(done - need) > 0.01 * need)[0]:
             if not causal:
@@ -308,9 +169,9 @@ def check_ring_forward(fn):
             raise CheckFailed(f"{label}: rank {r} computed {done[r] * 1e6:.1f} us, its mask needs {need[r] * 1e6:.1f} "
                               f"us; {hint}")
     c, n, d = 8, 16, 64  # K/V blocks far larger than a block of scores
-    q, k, v, _ = _qkv((1, 1, c * n, d), 99)
+    q, k, v, _ = qkv((1, 1, c * n, d), 99)
     shards = [cp.split_sequence(a, c) for a in (q, k, v)]
-    _memory_against_the_library(what, f"{what}, memory on {c} ranks", fn,
+    memory_against_the_library(what, f"{what}, memory on {c} ranks", fn,
                                 lambda comm, q, k, v, causal, layout: cp.ring_attention(comm, q, k, v, causal, layout)[0],
                                 shards, c, 2 * q.nbytes // c, {"causal": False, "layout": "contiguous"}, FORWARD)
     passed(what, "equal to full attention on 1, 2, 3, 4 and 8 ranks, causal or not, contiguous or zigzag; neighbours "
@@ -348,8 +209,8 @@ def check_ring_backward(fn):
     forwards = {}
     for c, causal, layout in CASES:
         label = f"{what}, c={c}, {'causal' if causal else 'no mask'}, {layout}"
-        q, k, v, do = _qkv((2, 2, 4 * c, 8), 10 + c)
-        want = _full(q, k, v, causal, do)
+        q, k, v, do = qkv((2, 2, 4 * c, 8), 10 + c)
+        want = full_attention(q, k, v, causal, do)
         shards = [cp.split_sequence(a, c, layout) for a in (q, k, v, do)]
         forward = World(c).run(lambda comm: cp.ring_attention(comm, *(s[comm.rank] for s in shards[:3]),
                                                              causal=causal, layout=layout))  # the library's
@@ -362,11 +223,11 @@ def check_ring_backward(fn):
                       layout=layout)
 
         world = World(c)
-        with refusing(what, *BACKWARD), _without_torch(what):
+        with refusing(what, *BACKWARD), without_torch(what):
             got = run_on_emulator(world, prog, label)
         for i, name in enumerate(("dq", "dk", "dv")):
             compare_arrays(f"{label}: {name}", cp.gather_sequence([g[i] for g in got], layout), want[i + 1])
-        _ring_calls(label, world, c)
+        ring_calls(label, world, c)
         block = 2 * q.nbytes // c
         for r in range(c):
             sent = sum(x.nbytes for x in world.calls[r] if x.op == "send")
@@ -374,7 +235,7 @@ def check_ring_backward(fn):
                    f"ring backward sends its K/V block c-1 times and the dK/dV partial sums c times ({2 * c - 1} "
                    f"blocks): keep q and dout home")
     c, n, d = 8, 16, 64
-    q, k, v, do = _qkv((1, 1, c * n, d), 98)
+    q, k, v, do = qkv((1, 1, c * n, d), 98)
     shards = [cp.split_sequence(a, c) for a in (q, k, v, do)]
     forward = World(c).run(lambda comm: cp.ring_attention(comm, *(s[comm.rank] for s in shards[:3])))
     outs = [[f[0] for f in forward]] + [[f[1]["lse"] for f in forward]]
@@ -383,18 +244,15 @@ def check_ring_backward(fn):
         cache = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "causal": causal, "layout": layout}
         return cp.ring_attention_backward(comm, cache, dout)
 
-    _memory_against_the_library(what, f"{what}, memory on {c} ranks", fn, library, shards[:3] + outs + shards[3:], c,
+    memory_against_the_library(what, f"{what}, memory on {c} ranks", fn, library, shards[:3] + outs + shards[3:], c,
                                 2 * q.nbytes // c, {"causal": False, "layout": "contiguous"}, BACKWARD)
     passed(what, "dQ, dK and dV equal full attention's on 1, 2, 3, 4 and 8 ranks, causal or not, in both layouts, "
                  "dK and dV travelling around the ring and home; neighbours only; two K/V blocks held at a time")
 
 
 # ----------------------------------------------------------------- napkins
-def memory_128k(s, b, h, layers, c):
-    """Model answer of Napkin 4.1: (activations per GPU per layer, for all layers): the
-    34 sbh of a layer's bf16 activations (the s^2 scores never stored) over s / c positions."""
-    per_layer = 34 * (s / c) * b * h
-    return per_layer, layers * per_layer
+memory_128k = context_parallel.cp_activation_bytes  # the model answer of Napkin 4.1
+overlap_length = context_parallel.ring_overlap_positions  # the model answer of Napkin 4.2
 
 
 def napkin_memory(fn):
@@ -402,16 +260,8 @@ def napkin_memory(fn):
     cases = [dict(s=131072, b=1, h=8192, layers=80, c=16), dict(s=65536, b=1, h=4096, layers=32, c=8),
              dict(s=262144, b=2, h=16384, layers=126, c=32), dict(s=32768, b=4, h=5120, layers=40, c=4)]
     layer, total = variants("Napkin 4.1", fn, cases, memory_128k, " B", ("bytes per layer", "bytes, all layers"),
-                            (activations.activation_bytes_per_layer,))
+                            (activations.activation_bytes_per_layer, memory_128k))
     passed("Napkin 4.1", f"{layer / 1e9:.2f} GB per layer, {total / 1e9:.0f} GB for all layers per GPU")
-
-
-def overlap_length(flops=989e12, beta=370e9, dtype_bytes=2, h=16384, kv_heads=8, head_dim=128):
-    """Model answer of Napkin 4.2: the fewest local positions n for which one ring step's
-    compute (4 b n^2 h FLOPs, every query head) takes as long as its K/V transfer
-    (2 b n kv_heads head_dim values of dtype_bytes): n = flops dtype_bytes kv / (2 beta h),
-    with kv = kv_heads head_dim the width of K (and of V) under grouped-query attention."""
-    return flops * dtype_bytes * kv_heads * head_dim / (2 * beta * h)
 
 
 def napkin_overlap(fn):
@@ -423,6 +273,6 @@ def napkin_overlap(fn):
              dict(flops=120e12, beta=48e9, dtype_bytes=4, h=8192, kv_heads=8, head_dim=128),
              dict(flops=989e12, beta=370e9, dtype_bytes=1, h=5120, kv_heads=4, head_dim=64)]
     (n,) = variants("Napkin 4.2", lambda **kw: (fn(**kw),), cases, lambda **kw: (overlap_length(**kw),), "",
-                    ("positions",))
+                    ("positions",), (overlap_length,))
     passed("Napkin 4.2", f"with Llama 3 405B's K/V (8 heads of 128, 16 times narrower than h) the transfer hides once "
                          f"each rank holds {n:,.0f} positions on NVLink, {overlap_length(beta=48e9):,.0f} across nodes")

@@ -15,6 +15,8 @@ import numpy as np
 from ml_dtypes import bfloat16
 
 from .. import nn
+from ..accounting import context_parallel, traffic
+from ..accounting import memory as accounting_memory
 from ..machine.device import Device
 from ..machine.topology import Topology
 from ..mesh import Mesh
@@ -23,13 +25,14 @@ from ..parallel.runtime import run_on_mesh, shape_only_batches
 from ..planner import Cluster, ModelSpec, evaluate, inventory, search
 from ..planner import memory as planner_memory, ranking, run as planner_run, tradeoff
 from .common import CheckFailed, expect, passed
+from .lesson06_memory import KINDS, MEMORY_MISTAKES, memory_hint, memory_model, within_one_percent
+from .lesson06_tradeoff import TRADEOFF_CASES, breaks
 from .napkins import variants
 from .refuse import refusing
 
 MESH = (Mesh.coords, Mesh.coord, Mesh.group_ranks, Mesh.groups, Mesh.rank_of, Mesh.layout, ParallelDims.groups_of)
 PLANNER = (evaluate, planner_memory.stage_peaks, planner_memory.Units, planner_run.run_plan)
 SEARCH = (search, ranking.enumerate_plans)
-KINDS = ("params", "grads", "optimizer", "activations", "buffers")
 
 
 # ----------------------------------------------------------------- Exercise 6.1
@@ -81,65 +84,6 @@ def _run(model, dims, seq, batch, topology, mixed=True):
                        topology=topology, shape_only=True, fold=())
 
 
-# the mistakes Exercise 6.2's hints name: {name: (kind, what to say)}
-MEMORY_MISTAKES = {
-    "params unsharded": ("params", "ZeRO-3 shards the parameters too: each rank holds 1/n of them between uses"),
-    "params sharded": ("params", "only ZeRO-3 shards the parameters; below it every rank holds all of its stage's"),
-    "experts over dp x cp": (None, "experts are reduced, and so sharded, over dp x cp / ep ranks, not dp x cp: "
-                                   "the ep ranks of a group hold different experts"),
-    "grads bf16": ("grads", "gradients are fp32, 4 bytes per element (Megatron's main_grad under --bf16), not "
-                            "the weights' 2"),
-    "grads sharded": ("grads", "below ZeRO-2 every rank keeps all of its gradients (ZeRO-1 shards only the "
-                               "optimizer state)"),
-    "grads unsharded": ("grads", "ZeRO-2 and ZeRO-3 shard the gradients too: 1/n of them per rank"),
-    "optimizer unsharded": ("optimizer", "ZeRO-1, 2 and 3 keep 12 bytes of Adam's state per element of their "
-                                         "1/n slice"),
-    "p in flight": ("activations", "under 1F1B stage r holds min(p - r, m) micro-batches, not p on every stage"),
-    "m in flight": ("activations", "m micro-batches in flight is GPipe's count; 1F1B holds min(p - r, m) on stage "
-                                   "r"),
-}
-
-
-def memory_model(layers, dims, rank, mistake=None):
-    """{kind: bytes} of Exercise 6.2's model, or of one of :data:`MEMORY_MISTAKES`."""
-    n = {"dense": dims.dp * dims.cp,
-         "experts": dims.dp * dims.cp // (1 if mistake == "experts over dp x cp" else dims.ep)}
-    z = dims.zero_stage
-    p_sharded = {"params unsharded": False, "params sharded": True}.get(mistake, z == 3)
-    g_sharded = {"grads unsharded": False, "grads sharded": True}.get(mistake, z >= 2)
-    o_sharded = z >= 1 and mistake != "optimizer unsharded"
-    out = dict.fromkeys(KINDS, 0)
-    for layer in layers:
-        for group, elems in layer["params"].items():
-            mine = -(-elems // n[group])
-            out["params"] += 2 * (mine if p_sharded else elems)
-            out["grads"] += (2 if mistake == "grads bf16" else 4) * (mine if g_sharded else elems)
-            out["optimizer"] += 12 * (mine if o_sharded else elems)
-    in_flight = {"p in flight": dims.pp, "m in flight": dims.micro_batches}.get(mistake, dims.pp - rank)
-    out["activations"] = min(in_flight, dims.micro_batches) * sum(layer["kept"] for layer in layers)
-    return out
-
-
-def _close(a, b):
-    return abs(a - b) <= 0.01 * b + 1
-
-
-def _memory_hint(kind, got, layers, dims, rank):
-    """What the answer's ``kind`` matches, among the named mistakes (empty if none)."""
-    right = memory_model(layers, dims, rank)[kind]
-    said = []
-    for mistake, (of, say) in MEMORY_MISTAKES.items():
-        wrong = memory_model(layers, dims, rank, mistake)[kind]
-        if of in (None, kind) and not _close(wrong, right) and _close(got, wrong):
-            said.append(say)
-    if said:  # some mistakes give the same number on a plan: name each
-        return "; " + "; or ".join(said)
-    return {"params": "; bf16 weights, 2 bytes per element, 1/n of them only under ZeRO-3",
-            "grads": "; fp32 gradients, 4 bytes per element, 1/n of them under ZeRO-2 and 3",
-            "optimizer": "; 12 bytes per element Adam updates: 1/n of them under ZeRO-1, 2 and 3",
-            "activations": "; count the micro-batches in flight on this stage"}[kind]
-
-
 def check_plan_memory(fn):
     """Exercise 6.2: fn(layers, dims, rank) -> {kind: bytes}: the most of each kind that
     pipeline rank ``rank`` holds in a step, compared with the emulator's ledger kind by kind."""
@@ -155,10 +99,10 @@ def check_plan_memory(fn):
             for kind in ("params", "grads", "optimizer", "activations"):
                 want, g = led.peak_by_kind[kind], got[kind]
                 number = isinstance(g, (int, float, np.integer, np.floating))
-                expect(number and _close(g, want),
+                expect(number and within_one_percent(g, want),
                        f"{what}, {model.n_layers} layers, {dims}, stage {r}: {kind} "
                        f"{format(g, ',.0f') if number else repr(g)} bytes, the ledger holds {want:,.0f}"
-                       + (_memory_hint(kind, g, layers, dims, r) if number else "; return a number of bytes"))
+                       + (memory_hint(kind, g, layers, dims, r) if number else "; return a number of bytes"))
     passed(what, f"parameters, gradients, optimizer state and activations of every stage of {len(memory_plans())} "
                  f"plans (DDP, ZeRO-1, 2 and 3, TP with SP, CP, experts over ep, 1F1B over 2 and 4 stages) within "
                  f"1% of the emulator's ledger, kind by kind")
@@ -262,35 +206,6 @@ def check_choose_plan(fn):
 
 
 # ----------------------------------------------------------------- Exercise 6.4
-TRADEOFF_CASES = [  # (n_params, gpus, tp, pp, gpus_per_node, global_batch, micro_batch)
-    (70e9, 64, 8, 2, 8, 512, 1), (70e9, 64, 16, 2, 8, 512, 1), (70e9, 64, 8, 4, 8, 512, 1),
-    (175e9, 1024, 8, 16, 8, 1536, 1), (7e9, 48, 2, 3, 8, 96, 1), (13e9, 24, 4, 3, 4, 60, 1),
-    (30e9, 128, 4, 8, 8, 100, 1), (30e9, 96, 8, 4, 8, 96, 1),
-    (13e9, 24, 4, 4, 4, 60, 1),  # tp x pp = 16 does not divide 24 GPUs (tp fits in a node)
-    (30e9, 96, 8, 5, 8, 96, 1),  # 40 does not divide 96
-    (30e9, 128, 4, 4, 8, 100, 1),  # dp 8 does not divide a batch of 100
-    (70e9, 64, 8, 2, 8, 512, 4),  # 4 sequences per micro-batch: m = 32, not 128
-    (7e9, 48, 2, 3, 8, 96, 3),  # dp 8 x 3 = 24 divides 96: m = 4
-    (70e9, 64, 8, 2, 8, 96, 32),  # dp 4 divides 96, dp x micro_batch = 128 does not
-    (1e9, 8, 2, 2, 8, 6, 2),  # dp 2 x 2 = 4 does not divide 6
-]
-
-
-def _breaks(n_params, gpus, tp, pp, gpus_per_node, global_batch, micro_batch):
-    """The rules a split breaks, in words (empty: valid)."""
-    out = []
-    if tp > gpus_per_node:
-        out.append(f"tp={tp} does not fit in a node of {gpus_per_node} GPUs")
-    if gpus % (tp * pp):
-        out.append(f"tp x pp = {tp * pp} does not divide the {gpus} GPUs")
-    else:
-        dp = gpus // (tp * pp)
-        if global_batch % (dp * micro_batch):
-            out.append(f"dp x micro_batch = {dp} x {micro_batch} = {dp * micro_batch} does not divide the batch of "
-                       f"{global_batch} sequences")
-    return out
-
-
 def check_mesh_tradeoff(fn):
     """Exercise 6.4: fn(n_params, gpus, tp, pp, gpus_per_node, global_batch, micro_batch=1)
     -> {"valid", "state_bytes", "bubble"}."""
@@ -304,7 +219,7 @@ def check_mesh_tradeoff(fn):
                f"{what}: return a dict with 'valid', 'state_bytes' and 'bubble'")
         n, gpus, tp, pp, gpn, batch, mb = case
         desc = (f"N={n:g}, {gpus} GPUs, tp={tp}, pp={pp}, {gpn} per node, batch {batch}, micro_batch {mb}")
-        broken = _breaks(*case)
+        broken = breaks(*case)
         if want["valid"]:
             dp = gpus // (tp * pp)
             expect(bool(got["valid"]), f"{what} ({desc}): valid should be True: tp fits in a node, tp x pp = "
@@ -335,32 +250,17 @@ def check_mesh_tradeoff(fn):
 
 
 # ----------------------------------------------------------------- napkins
-def state_per_gpu(n_params, dp, tp, pp):
-    """Napkin 6.1's model: GB per GPU of bf16 parameters and gradients (4 bytes per
-    parameter over TP x PP) and of mixed-precision Adam's state under ZeRO-1 (12 bytes per
-    parameter over TP x PP x DP)."""
-    return 4 * n_params / (tp * pp) / 1e9, 12 * n_params / (tp * pp * dp) / 1e9
-
-
-def dp_compute_bound_tokens(flops, bandwidth, dp, grad_bytes):
-    """Napkin 6.2's model: tokens per replica per step for which the compute, 6 N T / (TP
-    PP) FLOPs per GPU, lasts as long as the ring all-reduce of its gradients, 2 (dp-1)/dp
-    grad_bytes N / (TP PP) bytes per GPU: T = grad_bytes (dp-1)/dp flops / (3 bandwidth)."""
-    return grad_bytes * (dp - 1) / dp * flops / (3 * bandwidth)
-
-
-def llama_cp_switch(seq, tokens, positions_per_gpu, gpus, tp, pp):
-    """Napkin 6.3's model: (CP, DP, sequences per replica per step)."""
-    cp = seq // positions_per_gpu
-    dp = gpus // (tp * pp * cp)
-    return cp, dp, tokens // seq // dp
+state_per_gpu = accounting_memory.zero1_state_gb  # the model answer of Napkin 6.1
+dp_compute_bound_tokens = traffic.dp_compute_bound_tokens  # of Napkin 6.2
+llama_cp_switch = context_parallel.cp_dp_split  # of Napkin 6.3
 
 
 def napkin_state(fn):
     """Napkin 6.1: fn(n_params, dp, tp, pp) -> (params+grads GB, optimizer GB) per GPU under ZeRO-1."""
     cases = [dict(n_params=70e9, dp=4, tp=8, pp=2), dict(n_params=405e9, dp=128, tp=8, pp=16),
              dict(n_params=13e9, dp=32, tp=2, pp=1), dict(n_params=1e12, dp=6, tp=8, pp=64)]
-    want = variants("Napkin 6.1", fn, cases, state_per_gpu, " GB", ("params and grads", "optimizer"))
+    want = variants("Napkin 6.1", fn, cases, state_per_gpu, " GB", ("params and grads", "optimizer"),
+                    (state_per_gpu,))
     passed("Napkin 6.1", f"{want[0]:.2f} GB of parameters and gradients, {want[1]:.2f} GB of optimizer state per GPU")
 
 
@@ -372,7 +272,8 @@ def napkin_dp_tokens(fn):
              dict(flops=989e12, bandwidth=370e9, dp=2, grad_bytes=4), dict(flops=989e12, bandwidth=48e9, dp=1024,
                                                                              grad_bytes=2)]
     want = variants("Napkin 6.2", lambda **kw: (fn(**kw),) if kw else (fn(),), cases,
-                    lambda **kw: (dp_compute_bound_tokens(**kw),), " tokens", ("tokens per replica",), rel=0.02)
+                    lambda **kw: (dp_compute_bound_tokens(**kw),), " tokens", ("tokens per replica",),
+                    (dp_compute_bound_tokens,), rel=0.02)
     passed("Napkin 6.2", f"{want[0]:,.0f} tokens per replica per step keep the gradient all-reduce behind compute")
 
 
@@ -381,7 +282,8 @@ def napkin_llama_cp(fn):
     cases = [dict(seq=131072, tokens=16 * 2**20, positions_per_gpu=8192, gpus=16384, tp=8, pp=16),
              dict(seq=8192, tokens=16 * 2**20, positions_per_gpu=8192, gpus=16384, tp=8, pp=16),
              dict(seq=65536, tokens=8 * 2**20, positions_per_gpu=4096, gpus=4096, tp=8, pp=4)]
-    want = variants("Napkin 6.3", fn, cases, llama_cp_switch, "", ("cp", "dp", "sequences per replica"), rel=0)
+    want = variants("Napkin 6.3", fn, cases, llama_cp_switch, "", ("cp", "dp", "sequences per replica"),
+                    (llama_cp_switch,), rel=0)
     passed("Napkin 6.3", f"at 131k tokens: CP {want[0]}, DP {want[1]}, {want[2]} sequences per replica: each GPU "
                          f"still holds 8,192 positions")
 

@@ -23,15 +23,15 @@ from ..engine.faults import Straggler
 from ..engine.world import World
 from ..accounting import failures as F
 from ..engine import faults
-from ..parallel import ParallelDims, reshard, run_on_mesh
+from ..parallel import ParallelDims, run_on_mesh
 from ..parallel.checkpoint import Checkpoint
 from ..training import synthetic_batches
 from .common import CheckFailed, expect, passed
+from .lesson07_blocks import READ, READ_SHAPES, check_blocks
 from .napkins import variants
 from .refuse import refusing
 
 STRAGGLER = (faults.find_straggler,)
-READ = (reshard.read_block,)
 INTERVAL = (F.young_interval, F.daly_interval)
 
 
@@ -106,54 +106,6 @@ def _straggler_hint(tl, got, slow, steps):
 
 
 # ----------------------------------------------------------------- Exercise 7.2: reading a block
-def _tiling(rng, shape):
-    """A random grid of chunks (uneven cuts) that tiles ``shape``: [(offsets, sizes)]."""
-    edges = []
-    for n in shape:
-        k = int(rng.integers(0, min(n - 1, 3) + 1)) if n > 1 else 0
-        edges.append([0] + sorted(rng.choice(np.arange(1, n), k, replace=False).tolist()) + [n] if k else [0, n])
-    out = []
-    for idx in np.ndindex(*[len(e) - 1 for e in edges]):
-        lo = tuple(edges[d][i] for d, i in enumerate(idx))
-        out.append((lo, tuple(edges[d][i + 1] - edges[d][i] for d, i in enumerate(idx))))
-    return out
-
-
-def _blocks(rng, shape):
-    whole = ((0,) * len(shape), tuple(shape))
-    one = (tuple(int(rng.integers(0, n)) for n in shape), (1,) * len(shape))
-    edge = (tuple(n - max(1, n // 3) for n in shape), tuple(max(1, n // 3) for n in shape))
-    offs = tuple(int(rng.integers(0, n)) for n in shape)
-    rand = (offs, tuple(int(rng.integers(1, n - o + 1)) for o, n in zip(offs, shape)))
-    return [whole, one, edge, rand]
-
-
-READ_SHAPES = [(10,), (1,), (7, 5), (8, 8), (1, 9), (4, 6, 5), (3, 1, 7), (64, 48), (32, 16, 12)]
-
-
-def _check_blocks(fn, what):
-    rng = np.random.default_rng(7)
-    for shape in READ_SHAPES:
-        full = rng.standard_normal(shape)
-        chunks = _tiling(rng, shape)
-        saved = [(off, full[tuple(slice(o, o + s) for o, s in zip(off, size))].copy()) for off, size in chunks]
-        order = rng.permutation(len(saved))
-        for offsets, sizes in _blocks(rng, shape):
-            want = full[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))]
-            with refusing(what, *READ):
-                got = fn([saved[i] for i in order], offsets, sizes)
-            got = np.asarray(got)
-            expect(got.shape == tuple(sizes), f"{what}: the block at offsets {offsets} of sizes {sizes} came back with "
-                                              f"shape {got.shape}; return an array of shape `sizes`")
-            if not np.array_equal(got, want):
-                bad = tuple(int(i) for i in np.argwhere(got != want)[0])
-                raise CheckFailed(f"{what}: a tensor of shape {shape} saved as {len(saved)} chunks; the block at "
-                                  f"offsets {offsets}, sizes {sizes} is wrong at {bad} (of the block). Along "
-                                  f"each dim the overlap of a chunk and the block is [max of the starts, min of the "
-                                  f"ends); where it starts inside the chunk is that start minus the chunk's offset, "
-                                  f"inside the block minus the block's")
-
-
 MODEL = dict(vocab=16, d_model=16, n_heads=4, d_ff=32, n_layers=2, max_seq=8)
 PAIRS = [(ParallelDims(dp=4), ParallelDims(dp=3)),
          (ParallelDims(tp=2), ParallelDims(tp=4, zero_stage=3)),
@@ -191,7 +143,7 @@ def _resume(fn, what, path, dims):
 def check_read_block(fn):
     """Exercise 7.2: fn(saved, offsets, sizes) -> the block of a tensor saved as chunks."""
     what = "Exercise 7.2"
-    _check_blocks(fn, what)
+    check_blocks(fn, what)
     saved = _saved_runs()
     for i, (a, b) in enumerate(PAIRS):
         full, path = saved[i]
@@ -258,25 +210,19 @@ def check_optimal_interval(fn):
 
 # ----------------------------------------------------------------- napkins
 def _watchdog_model(gpus, timeout_minutes):
-    return (gpus * timeout_minutes / 60,)
+    return (F.watchdog_gpu_hours(gpus, timeout_minutes),)
 
 
 def napkin_watchdog(fn):
     """Napkin 7.1: fn(gpus, timeout_minutes) -> GPU-hours idle per failure."""
     cases = [dict(gpus=16384, timeout_minutes=10), dict(gpus=2048, timeout_minutes=30),
              dict(gpus=100000, timeout_minutes=2), dict(gpus=8, timeout_minutes=10)]
-    (h,) = variants("Napkin 7.1", lambda **kw: (fn(**kw),), cases, _watchdog_model, " GPU-hours", ("GPU-hours",))
+    (h,) = variants("Napkin 7.1", lambda **kw: (fn(**kw),), cases, _watchdog_model, " GPU-hours", ("GPU-hours",),
+                    (F.watchdog_gpu_hours,))
     passed("Napkin 7.1", f"{h:,.0f} GPU-hours idle per failure while 16,384 GPUs wait out a 10-minute watchdog")
 
 
-def _goodput_first_order(gpus, gpu_mtbf_hours, interval_minutes, save_seconds, restart_minutes):
-    mtbf = gpu_mtbf_hours * 3600 / gpus
-    tau, restart = interval_minutes * 60, restart_minutes * 60
-    return 1 - save_seconds / tau - (tau / 2 + restart) / mtbf
-
-
-def _goodput_daly(gpus, gpu_mtbf_hours, interval_minutes, save_seconds, restart_minutes):
-    return F.expected_goodput(interval_minutes * 60, save_seconds, gpu_mtbf_hours * 3600 / gpus, restart_minutes * 60)
+_goodput_first_order, _goodput_daly = F.goodput_first_order, F.goodput_daly  # Napkin 7.2's two models
 
 
 GOODPUT_CASES = [dict(gpus=16384, gpu_mtbf_hours=50000, interval_minutes=20, save_seconds=60, restart_minutes=15),
@@ -290,7 +236,7 @@ def napkin_goodput(fn):
     -> goodput, to first order (Daly's exact expectation is accepted too)."""
     what = "Napkin 7.2"
     for i, case in enumerate(GOODPUT_CASES):
-        with refusing(what, F.expected_goodput):
+        with refusing(what, F.expected_goodput, F.goodput_first_order, F.goodput_daly):
             got = fn() if i == 0 else fn(**case)
         try:
             got = float(got)
