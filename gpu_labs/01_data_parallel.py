@@ -45,7 +45,7 @@ from emulator import World, nn
 from emulator.records.memory import MemoryLedger
 from emulator.nn import torch_reference as R
 from emulator.parallel import NAMES, data_parallel
-from emulator.parallel.flat_layout import layouts
+from emulator.parallel.data_parallel.flat_layout import layouts
 from emulator.records.calls import Call
 from emulator.training import synthetic_batches, train
 

@@ -21,7 +21,7 @@ runs TP 8 inside each node and DP 2 across. A transformer block (the parameters 
 Outputs, input gradients and every parameter gradient must agree with the dense block
 (exits non-zero naming the variant and rank otherwise; a missing gradient fails). The
 hand-written variants' calls go to ``--out``/02_tensor_parallel.<tp|sp>.calls.json, in the
-format of ``emulator.records.calls``, and must be the calls ``emulator.parallel.tp_block``
+format of ``emulator.records.calls``, and must be the calls ``emulator.parallel.tensor_parallel.block``
 makes on the same mesh; DTensor's calls are recorded at the dispatcher and must be the
 same all-reduces, except that DTensor all-reduces each column-parallel layer's input
 gradient apart (q, k and v: three calls where Megatron sums and makes one). Last, the
@@ -50,7 +50,7 @@ from .tp_dtensor import as_sets, dtensor_expected, dtensor_run
 from emulator import Topology, World, nn
 from emulator.cost import collective_time
 from emulator.nn import torch_reference as R
-from emulator.parallel.tp_block import TensorParallelBlock
+from emulator.parallel.tensor_parallel.block import TensorParallelBlock
 from emulator.records.calls import Call
 
 D, A, FF, B_PER_DP, S = 64, 8, 256, 2, 16
@@ -84,7 +84,7 @@ def shard_of(params, rank, n, sp=False):
 
 
 def emulator_calls(dp, tp, sp, np_dtype, item):
-    """The calls of ``emulator.parallel.tp_block`` on the same (dp, tp) mesh and shapes."""
+    """The calls of ``emulator.parallel.tensor_parallel.block`` on the same (dp, tp) mesh and shapes."""
     params = {k: v.astype(np_dtype) for k, v in nn.TransformerBlock(D, A, FF, dtype=np.float64).init(
         np.random.default_rng(0)).items()}
     x = np.zeros((B_PER_DP, S, D), np_dtype)

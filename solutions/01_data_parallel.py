@@ -19,10 +19,10 @@ from ml_dtypes import bfloat16
 
 from emulator import World, Topology, nn, viz
 from emulator.parallel import assemble, data_parallel
-from emulator.parallel.base import DataParallelStrategy
+from emulator.parallel.data_parallel.strategy import DataParallelStrategy
 from emulator.accounting import zero_bytes_per_gpu, zero_traffic_per_gpu
 from emulator.accounting.batch_size import critical_batch_sweep
-from emulator.parallel.flat_layout import FlatLayout
+from emulator.parallel.data_parallel.flat_layout import FlatLayout
 from emulator.training import synthetic_batches, train, train_single
 from emulator.records.memory import nbytes_of
 from emulator.grading import lesson01 as grade

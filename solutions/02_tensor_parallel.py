@@ -27,8 +27,8 @@ from emulator.accounting import (activation_bytes_per_layer, activation_terms, t
                                  pp_bytes_per_boundary, zero_bytes_per_gpu)
 from emulator.cost import collective_time
 from emulator.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, copy_to_tp_region
-from emulator.parallel.sequence_parallel import all_gather_dim, reduce_scatter_dim
-from emulator.parallel.tp_block import TensorParallelBlock, cached_terms
+from emulator.parallel.tensor_parallel.regions import all_gather_dim, reduce_scatter_dim
+from emulator.parallel.tensor_parallel.block import TensorParallelBlock, cached_terms
 from emulator.grading import lesson02 as grade
 from emulator.notebook import setup
 
@@ -527,7 +527,7 @@ ActivationExplorer(s=128, b=1, h=64, a=4, t=2, layers=12)
 # (`megatron/core/tensor_parallel/mappings.py`) are
 # `gather_from_sequence_parallel_region` (all-gather in forward, reduce-scatter in
 # backward) and `reduce_scatter_to_sequence_parallel_region` (reduce-scatter in forward,
-# all-gather in backward); `emulator.parallel.sequence_parallel` has both, under the same
+# all-gather in backward); `emulator.parallel.tensor_parallel.regions` has both, under the same
 # names.
 #
 # **Exercise 2.3** — the MLP half of a sequence-parallel block, $y = x +

@@ -25,7 +25,7 @@ from emulator.cost import collective_time
 from emulator.records.memory import MemoryLedger
 from emulator.mesh import Mesh
 from emulator.parallel import context_parallel as cp
-from emulator.parallel.tp_block import TensorParallelBlock, cached_terms
+from emulator.parallel.tensor_parallel.block import TensorParallelBlock, cached_terms
 from emulator.grading import lesson04 as grade
 from emulator.notebook import setup
 

@@ -22,8 +22,8 @@ from emulator.nn.moe import (capacity, experts_backward_input, experts_backward_
                              keep_first_choices_first, route, route_backward)
 from emulator.parallel import ParallelDims
 from emulator.parallel import expert_parallel as ep
-from emulator.parallel.moe_alternatives import (flat_dispatch, hierarchical_all_to_all, shard_experts_tp,
-                                                tp_moe_forward, two_hop_dispatch)
+from emulator.parallel.expert_parallel.alternatives import (flat_dispatch, hierarchical_all_to_all,
+                                                            shard_experts_tp, tp_moe_forward, two_hop_dispatch)
 from emulator.grading import lesson05 as grade
 from emulator.notebook import setup
 
@@ -415,9 +415,10 @@ grade.check_ep_capacity(ep_forward_capacity)
 # Dropped rows still travel here, both ways: the owner is the first to know which ones
 # fit. A rank that knows every rank's counts (an all-gather of them instead of an
 # all-to-all) can work out its own rows' places in each line and send only those that fit.
-# The library's layer does that (`emulator.parallel.token_groups`: one all-gather of each
-# rank's per-expert counts, which also gives the load-balancing loss the whole group's
-# statistics, however many tokens each rank holds): its dispatch carries kept rows only.
+# The library's layer does that (`emulator.parallel.expert_parallel.token_groups`: one
+# all-gather of each rank's per-expert counts, which also gives the load-balancing loss the
+# whole group's statistics, however many tokens each rank holds): its dispatch carries kept
+# rows only.
 #
 # ## 4. Imbalance is time
 #

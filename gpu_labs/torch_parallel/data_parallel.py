@@ -4,8 +4,8 @@
 Each variant trains a model given layer by layer (``names``, ``layer_forward(name, params,
 x)``) on this rank's slice of every global batch, on the data-parallel group ``group``,
 and returns the full parameters and the local losses. Parameters are cut into the
-emulator's flat layout (``emulator.parallel.flat_layout``: sorted names, padded to a multiple of the
-group size), and every call goes through a :class:`trace.Recorder`; ``led`` (an
+emulator's flat layout (``emulator.parallel.data_parallel.flat_layout``: sorted names,
+padded to a multiple of the group size), and every call goes through a :class:`trace.Recorder`; ``led`` (an
 ``emulator.records.memory.MemoryLedger``) records what the algorithm holds, by kind.
 
 * DDP: one bucket per layer, all-reduced asynchronously from a hook as soon as backward
@@ -33,7 +33,7 @@ from emulator.nn.module import sub
 @dataclass
 class Setup:
     names: list
-    layouts: dict  # name -> emulator.parallel.flat_layout.FlatLayout
+    layouts: dict  # name -> emulator.parallel.data_parallel.flat_layout.FlatLayout
     params0: dict  # numpy, "layer.key" -> array
     layer_forward: object
     loss_fn: object

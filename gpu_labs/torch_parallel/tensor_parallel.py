@@ -1,5 +1,5 @@
 """Megatron tensor parallelism by hand in torch: the f/g operators as autograd functions,
-and the transformer block of ``emulator.parallel.tp_block`` (same parameters, same calls).
+and the transformer block of ``emulator.parallel.tensor_parallel.block`` (same parameters, same calls).
 
 * ``_Column``: column-parallel layers sharing one input; their backward holds the f
   operator (all-reduce of the input gradient) or, under sequence parallelism, the
