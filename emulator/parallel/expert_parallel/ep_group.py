@@ -9,16 +9,9 @@ from .layer import ParallelMoE
 from .token_groups import TokenGroup
 
 
-class _NoTensorParallelism(TPRegions):
-    """One rank per expert slice: nothing to gather or reduce."""
-
-    def __init__(self, comm):
-        super().__init__(comm.new_group([comm.global_rank]), False)
-
-    def gather(self, x, async_op=False):
-        return x
-
-    gather_back = reduce = reduce_back = gather
+def _no_tensor_parallelism(comm):
+    """One rank per expert slice: the regions of a tp group of one, which send nothing."""
+    return TPRegions(comm.new_group([comm.global_rank]), False)
 
 
 def forward(comm, moe, params_local, x_local):
@@ -27,7 +20,7 @@ def forward(comm, moe, params_local, x_local):
     x = np.asarray(x_local)
     if x.shape[-1] != moe.d_model:
         raise ConfigError(f"rank {comm.global_rank}: tokens of width {x.shape[-1]}, the layer's is {moe.d_model}")
-    layer = ParallelMoE(moe, comm, _NoTensorParallelism(comm), lambda b, s: TokenGroup.rank_order(comm, b * s))
+    layer = ParallelMoE(moe, comm, _no_tensor_parallelism(comm), lambda b, s: TokenGroup.rank_order(comm, b * s))
     x2 = x.reshape(1, -1, moe.d_model)
     y, cache = layer.forward(params_local, x2)
     cache["shape"] = x.shape
@@ -36,7 +29,7 @@ def forward(comm, moe, params_local, x_local):
 
 def backward(comm, moe, params, cache, dy):
     """(dx for this rank's tokens, gradients of this rank's parameters)."""
-    layer = ParallelMoE(moe, comm, _NoTensorParallelism(comm))
+    layer = ParallelMoE(moe, comm, _no_tensor_parallelism(comm))
     dy = np.asarray(dy)
     shape = cache["shape"]
     cache = dict(cache, shape=(1,) + (int(np.prod(shape[:-1])), moe.d_model))
