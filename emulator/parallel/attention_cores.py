@@ -27,7 +27,7 @@ from ..machine.work import AllToAll, Attention, Gemm, Memory, RingAttention, Wor
 from ..nn.attention import repeat_kv, sum_kv
 from ..nn.attention_core import softmax
 from ..nn.dropout import apply as drop, dropout_mask
-from .context_parallel.ring import blocks, ring_attention, ring_attention_backward
+from .context_parallel.ring import ring_attention, step_blocks, ring_attention_backward
 from .context_parallel.ulysses import causal_allowed, to_head_shards, to_sequence_shards
 
 
@@ -217,19 +217,13 @@ def _unfused(s, ctx, b, h, n, dh):
     return F, B
 
 
-def _ring_steps(s, ctx, rank, forward):
-    c, b, h, dh, n = s.cp, s.b, s.h, s.head_dim, s.n
-    dt = ctx.dtype("compute")
-    kv = 2 * b * s.kv * n * dh * dtype_bytes(ctx.dtype("cp"))  # K and V travel with their own heads
-    passes = 2 if forward else 5
-    out = []
-    for t in range(c):
-        src = (rank - t) % c
-        kernels = tuple(Attention(f"attention: ring step {t}", b * h, 1, r.stop - r.start, q.stop - q.start, dh,
-                                  passes, 1.0, dt) for r, q, _ in blocks(rank, src, c, n, s.causal, s.cp_layout,
-                                                                            masks=False))
-        out.append((kernels, kv))
-    return tuple(out)
+def _ring(name, s, ctx, rank, forward):
+    """Ring attention's declared work on ``rank``: each step's blocks (:func:`step_blocks`), K and
+    V travelling with their own heads in the policy's ``cp`` dtype."""
+    dt = ctx.dtype("cp")
+    kv = 2 * s.b * s.kv * s.n * s.head_dim * dtype_bytes(dt)
+    return RingAttention(name, "cp", s.cp, forward, step_blocks(rank, s.cp, s.n, s.causal, s.cp_layout), kv, dt,
+                         s.b * s.h, s.head_dim, 2 if forward else 5, ctx.dtype("compute"))
 
 
 def core_work(s, ctx, cp_rank=0):
@@ -247,9 +241,8 @@ def core_work(s, ctx, cp_rank=0):
         F = (Attention("attention: core", b, h, n, n, dh, 2, frac, c),)
         return Work("attention core", F, (Attention("attention: core backward", b, h, n, n, dh, 5, frac, c),), (), F)
     if s.cp_attention == "ring":
-        dt = ctx.dtype("cp")
-        F = (RingAttention("attention: ring", "cp", s.cp, True, _ring_steps(s, ctx, cp_rank, True), dt),)
-        B = (RingAttention("attention: ring backward", "cp", s.cp, False, _ring_steps(s, ctx, cp_rank, False), dt),)
+        F = (_ring("attention: ring", s, ctx, cp_rank, True),)
+        B = (_ring("attention: ring backward", s, ctx, cp_rank, False),)
         return Work("ring attention", F, B, (), F)
     hc, S = h // s.cp, n * s.cp  # Ulysses: every position of h / cp heads
     dt = ctx.dtype("cp")

@@ -71,21 +71,24 @@ def all_to_all_seconds(piece, ranks, topology):
 
 
 @lru_cache(maxsize=2048)
-def ring_attention_seconds(forward, steps, ranks, topology):
-    """Ring attention: each step computes one K/V block while the next travels; backward
-    then sends the block's dK/dV on (:mod:`emulator.parallel.context_parallel.ring`).
-    ``steps`` repeat one value after the first, so the sum is taken in closed form."""
+def ring_attention_seconds(ring, ranks, topology):
+    """Ring attention (a :class:`~emulator.machine.ring_work.RingAttention`): each step
+    computes one K/V block while the next travels; backward then sends the block's dK/dV
+    on (:mod:`emulator.parallel.context_parallel.ring`). The first step waits for nothing
+    it did not send, the last sends nothing on; the steps between are summed over their
+    distinct shapes (:meth:`~emulator.machine.ring_work.RingAttention.grouped`)."""
     n = len(ranks)
     crosses = len({r // topology.gpus_per_node for r in ranks}) > 1
-    hop = (topology.nic if crosses else topology.nvlink).time(steps[0][1])
-    back = 0.0 if forward else hop
+    hop = (topology.nic if crosses else topology.nvlink).time(ring.kv_bytes)
+    back = 0.0 if ring.forward else hop
+    device = topology.device
 
-    def step(kernels, shift):
-        return max(sum(topology.device.time(k) for k in kernels), shift) + back
+    def compute(kernels):
+        return sum(device.time(k) for k in kernels)
 
-    first = step(steps[0][0], hop if n > 1 else 0.0)
+    first = max(compute(ring.kernels(0)), hop if n > 1 else 0.0) + back
     if n == 1:
         return first
-    middle = step(steps[1][0], hop) * (n - 2) if all(f == steps[1][0] for f, _ in steps[1:]) else \
-        sum(step(f, hop) for f, _ in steps[1:-1])
-    return first + middle + step(steps[-1][0], 0.0)
+    last = len(ring.blocks) - 1
+    between = sum(count * (max(compute(kernels), hop) + back) for kernels, count in ring.grouped(1, last))
+    return first + between + compute(ring.kernels(last)) + back

@@ -65,9 +65,9 @@ def _layer_calls(layer, dims, m):
             elif isinstance(op, AllToAll):
                 out.append((group, "all_to_all", op.bytes_per_peer, m, op))
             elif isinstance(op, RingAttention):
-                steps = len(op.steps)
+                steps = len(op.blocks)
                 sends = steps - 1 if op.forward else 2 * steps - 1
-                out.append((group, "send/recv (ring)", op.steps[0][1], m * sends, op))
+                out.append((group, "send/recv (ring)", op.kv_bytes, m * sends, op))
     return out
 
 

@@ -121,7 +121,7 @@ def _block(m, s, dims, ctx, a, comp):
         kept = a * held
     work = declared_block(s, ctx, _busiest_cp_rank(dims))
     ring = [x for x in work.forward if isinstance(x, RingAttention)]
-    transient = (2 * ring[0].steps[0][1], 4 * ring[0].steps[0][1]) if ring else (0, 0)  # K/V and the arriving block
+    transient = (2 * ring[0].kv_bytes, 4 * ring[0].kv_bytes) if ring else (0, 0)  # K/V and the arriving block
     return Layer("block", params, partial, kept, a * held, a * held, _ops(work), transient=transient)
 
 

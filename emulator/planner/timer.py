@@ -100,7 +100,7 @@ class Timer:
         if isinstance(op, AllToAll):
             return all_to_all_seconds(op.bytes_per_peer, ranks, self.topology)
         if isinstance(op, RingAttention):
-            return ring_attention_seconds(op.forward, op.steps, ranks, self.topology)
+            return ring_attention_seconds(op, ranks, self.topology)
         raise ValueError(f"unknown op {op!r}")
 
     def ops(self, ops, r):
@@ -140,7 +140,7 @@ class Timer:
             if is_kernel(o):
                 add(o.kind, t)
             elif isinstance(o, RingAttention):
-                k = sum(self.op(x, r) for kernels, _ in o.steps for x in kernels)
+                k = sum(n * self.op(x, r) for kernels, n in o.distinct for x in kernels)
                 add("attention", min(k, t))
                 add(_role(o.group), max(0.0, t - k))
             else:
@@ -176,7 +176,7 @@ class Timer:
     def host(self, ops):
         """Host seconds to issue a pass's items: ``stack.dispatch`` each (the emulator's clock
         starts no kernel before the host issued it: :meth:`emulator.engine.clock.Clock.kernels`)."""
-        return sum(sum(len(k) for k, _ in o.steps) if isinstance(o, RingAttention) else 1 for o in ops) * \
+        return sum(o.kernel_count if isinstance(o, RingAttention) else 1 for o in ops) * \
             self.stack.dispatch
 
     def p2p(self, nbytes, r_src, r_dst):

@@ -21,6 +21,7 @@ ledger as ``buffers``, so the ledger shows what the ring costs beside the all-ga
 """
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -50,6 +51,15 @@ def blocks(rank, src, size, n_local, causal, layout, masks=True):
             k_off += kn
         q_off += qn
     return out
+
+
+@lru_cache(maxsize=4096)
+def step_blocks(rank, size, n_local, causal, layout):
+    """Per ring step t (K/V of rank ``(rank - t) % size``), the (query rows, key rows) of each
+    block :func:`blocks` computes on ``rank``: what ring attention's declared work holds."""
+    return tuple(tuple((r.stop - r.start, k.stop - k.start) for r, k, _ in
+                       blocks(rank, (rank - t) % size, size, n_local, causal, layout, masks=False))
+                 for t in range(size))
 
 
 def ring_plan(size, causal=False, layout="contiguous", n_local=2):

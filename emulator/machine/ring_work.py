@@ -1,0 +1,84 @@
+"""Ring attention's declared work (:mod:`emulator.machine.work`): per step, the score
+blocks the busiest rank computes and the K/V bytes it passes on meanwhile.
+
+A ring over ``cp`` ranks has ``cp`` steps; at 1,024 ranks the steps' kernels are thousands
+of objects, while the blocks come in a handful of shapes. :class:`RingAttention` keeps
+each step's blocks as their shapes (``blocks``, plain integers) and builds the step's
+kernels, one :class:`~emulator.machine.declared_kernels.Attention` per block named
+``attention: ring step t`` as the engine charges them, when ``steps`` is first read.
+What a clock sums over steps it can sum over :attr:`RingAttention.distinct`: each shape
+of step once, with how many steps have it (sums over steps do not depend on their order).
+"""
+
+from collections import Counter
+from dataclasses import dataclass
+from functools import cached_property
+
+from .declared_kernels import Attention, _mb
+
+
+@dataclass(frozen=True, eq=True)
+class RingAttention:
+    """Ring attention over ``group`` (``size`` ranks): ``blocks[t]`` holds the (query rows,
+    key rows) of each score block the busiest rank computes at step t, each a fused kernel
+    over ``heads`` (batch x heads) heads of ``head_dim`` with ``passes`` products, in
+    ``compute``; ``kv_bytes`` of K/V travel on per step in ``dtype`` (backward also sends
+    the block's dK/dV on)."""
+
+    name: str
+    group: str
+    size: int
+    forward: bool
+    blocks: tuple  # ((s_q, s_k), ...) per step
+    kv_bytes: float
+    dtype: str
+    heads: int = 1
+    head_dim: int = 128
+    passes: int = 2
+    compute: str = "bf16"
+
+    def __hash__(self):  # the blocks of a long ring are long: hashed once
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash((self.name, self.group, self.size, self.forward, self.blocks,
+                                               self.kv_bytes, self.dtype, self.heads, self.head_dim, self.passes,
+                                               self.compute))
+        return h
+
+    def kernels(self, t):
+        """Step t's kernels."""
+        return tuple(Attention(f"attention: ring step {t}", self.heads, 1, sq, sk, self.head_dim, self.passes, 1.0,
+                               self.compute) for sq, sk in self.blocks[t])
+
+    @cached_property
+    def steps(self):
+        """``((kernels, kv_bytes), ...)``, one per step."""
+        return tuple((self.kernels(t), self.kv_bytes) for t in range(len(self.blocks)))
+
+    @cached_property
+    def distinct(self):
+        """``((kernels, count), ...)``: each shape of step once (its first step's kernels),
+        with the number of steps of that shape."""
+        return self.grouped(0, len(self.blocks))
+
+    def grouped(self, start, stop):
+        """:attr:`distinct` over steps ``start`` to ``stop - 1``."""
+        memo = self.__dict__.setdefault("_grouped", {})
+        if (start, stop) not in memo:
+            counts, first = Counter(self.blocks[start:stop]), {}
+            for t in range(start, stop):
+                first.setdefault(self.blocks[t], t)
+            memo[(start, stop)] = tuple((self.kernels(t), counts[b]) for b, t in first.items())
+        return memo[(start, stop)]
+
+    @cached_property
+    def kernel_count(self):
+        return sum(len(b) for b in self.blocks)
+
+    @property
+    def flops(self):
+        return sum(n * k.flops for kernels, n in self.distinct for k in kernels)
+
+    def __str__(self):
+        return f"ring attention {'forward' if self.forward else 'backward'} over {self.group}: {len(self.blocks)} " \
+               f"steps, {_mb(self.kv_bytes if self.blocks else 0)} of K/V per step"
