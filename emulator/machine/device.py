@@ -46,6 +46,7 @@ from ..errors import ConfigError
 from .device_calibration import RATES, Rates
 from .kernels import Kernel
 from .work import KERNELS
+from .frozen import hash_once
 
 H100_BF16_FLOPS = 989e12  # H100 SXM, dense bf16, without sparsity (NVIDIA H100 datasheet)
 A100_BF16_FLOPS = 312e12  # A100 SXM, dense bf16 (NVIDIA A100 datasheet)
@@ -56,6 +57,8 @@ class Device:
     """``peak_flops``: dense bf16 FLOP/s (datasheet); ``hbm_bandwidth``: bytes/s of HBM
     (datasheet); ``hbm_bytes``: its capacity. ``ideal=True``: every kernel at peak, memory-
     bound kernels free; ``ideal=False``: the achieved ``rates`` of a measured GPU."""
+
+    __hash__ = hash_once  # its tables hashed once
 
     name: str
     peak_flops: float

@@ -12,12 +12,13 @@ of step once, with how many steps have it (sums over steps do not depend on thei
 
 from collections import Counter
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from .declared_kernels import Attention, _mb
+from .frozen import hash_once
 
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True)
 class RingAttention:
     """Ring attention over ``group`` (``size`` ranks): ``blocks[t]`` holds the (query rows,
     key rows) of each score block the busiest rank computes at step t, each a fused kernel
@@ -37,13 +38,7 @@ class RingAttention:
     passes: int = 2
     compute: str = "bf16"
 
-    def __hash__(self):  # the blocks of a long ring are long: hashed once
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = self.__dict__["_hash"] = hash((self.name, self.group, self.size, self.forward, self.blocks,
-                                               self.kv_bytes, self.dtype, self.heads, self.head_dim, self.passes,
-                                               self.compute))
-        return h
+    __hash__ = hash_once  # the blocks of a long ring are long: hashed once
 
     def kernels(self, t):
         """Step t's kernels."""
@@ -63,17 +58,11 @@ class RingAttention:
 
     def grouped(self, start, stop):
         """:attr:`distinct` over steps ``start`` to ``stop - 1``."""
-        memo = self.__dict__.setdefault("_grouped", {})
-        if (start, stop) not in memo:
-            counts, first = Counter(self.blocks[start:stop]), {}
-            for t in range(start, stop):
-                first.setdefault(self.blocks[t], t)
-            memo[(start, stop)] = tuple((self.kernels(t), counts[b]) for b, t in first.items())
-        return memo[(start, stop)]
+        return tuple((self.kernels(t), n) for t, n in _first_and_count(self.blocks, start, stop))
 
-    @cached_property
+    @property
     def kernel_count(self):
-        return sum(len(b) for b in self.blocks)
+        return sum(len(kernels) * n for kernels, n in self.distinct)
 
     @property
     def flops(self):
@@ -82,3 +71,13 @@ class RingAttention:
     def __str__(self):
         return f"ring attention {'forward' if self.forward else 'backward'} over {self.group}: {len(self.blocks)} " \
                f"steps, {_mb(self.kv_bytes if self.blocks else 0)} of K/V per step"
+
+
+@lru_cache(maxsize=4096)
+def _first_and_count(blocks, start, stop):
+    """``((t, count), ...)``: each shape of step among ``blocks[start:stop]``, at its first
+    step t, with the number of steps of that shape (rings of one layout share it)."""
+    counts, first = Counter(blocks[start:stop]), {}
+    for t in range(start, stop):
+        first.setdefault(blocks[t], t)
+    return tuple((t, counts[b]) for b, t in first.items())

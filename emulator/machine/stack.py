@@ -35,6 +35,7 @@ from ..errors import ConfigError
 from .precision import PRESETS as POLICIES
 from .precision import Precision, precision_preset
 from .stack_sources import MEGATRON_2021, MEGATRON_CORE, PYTORCH_COMPILE, PYTORCH_EAGER
+from .frozen import hash_once
 
 FUSIONS = {
     "norm": "a norm's forward (and its backward) as one kernel, its output cast to the compute dtype",
@@ -69,6 +70,8 @@ class Bucket:
 
 @dataclass(frozen=True)
 class Stack:
+    __hash__ = hash_once  # its tables hashed once
+
     name: str
     title: str
     precision: Precision
@@ -167,6 +170,8 @@ class Context:
     ``params`` and ``activations`` default to the arrays'; payloads to ``compute``;
     ``grads`` to ``params``, ``grad_reduce`` to ``grads``; ``loss`` to fp32 or the arrays'
     if wider."""
+
+    __hash__ = hash_once  # its tables hashed once
 
     stack: Stack
     precision: Precision

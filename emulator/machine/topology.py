@@ -74,6 +74,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .device import Device
+from .frozen import hash_once
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,8 @@ class Topology:
     """``gpus_per_node`` GPUs per node on ``nvlink``; ``nics_per_node`` NICs of kind
     ``nic`` per node (default: one per GPU); ring collectives use ``channels`` channels
     (default: one per NIC). ``flops`` is one device's peak (``comm.compute(flops=...)``)."""
+
+    __hash__ = hash_once  # its tables hashed once
 
     gpus_per_node: int = 8
     nvlink: Link = NVLINK_H100

@@ -13,7 +13,7 @@ from ..parallel.pipeline.actions import stage_of
 from .layers import split_names
 from .memory import _actions, byte_sizes, padded, walked_micro_batches
 from .timer import Timer
-from .timing import layer_times
+from .timing import bulk_saving, layer_times
 
 KINDS = ("embed", "blocks.0", "head")  # a stage's layers are these three kinds, counted
 
@@ -110,10 +110,17 @@ class Factorisation:
         self.sizes = byte_sizes(ctx)
         self.distributed = uses_distributed_optimizer(ctx.stack, 1)
         self.prefetch = ctx.stack.fsdp_prefetch
-        self._opt = {}
+        self._opt, self._static = {}, {}
 
     def static(self, kinds, z):
         """Per kind: bytes of parameters and optimizer state a rank holds (``Units``'s sums)."""
+        key = (z,) + tuple(tuple(x.params.items()) for x in kinds)
+        hit = self._static.get(key)
+        if hit is None:
+            hit = self._static[key] = self._held(kinds, z)
+        return hit
+
+    def _held(self, kinds, z):
         s = self.sizes
         out = []
         for x in kinds:
@@ -159,8 +166,7 @@ class Factorisation:
                 hit = x.times.get(key)
                 if hit is None:
                     t = layer_times(self.timer, x, r, dims, self.ctx)
-                    saved = self.timer.bulk_saving(x, r) if x.name == "block" else 0.0
-                    hit = x.times[key] = (t, saved)
+                    hit = x.times[key] = (t, bulk_saving(self.timer, x, r, recompute == "full"))
                 row.append(hit)
             out.append(row)
         return out

@@ -51,9 +51,8 @@ def layer_times(timer, layer, r, dims, ctx):
             rs += timer.op(("c", "reduce_scatter", full * sizes["reduce"], axis), r)
     partial = timer.op(("c", "all_reduce", layer.partial * sizes["grads"], "tp"), r) \
         if layer.partial and dims.tp > 1 else 0.0
-    f, again, b, w = _passes(timer, layer, r, dims.recompute == "full")
-    hf, h_again, hb, hw = _host(timer, layer, dims.recompute == "full")
-    saved = timer.bulk_saving(layer, r) if layer.name == "block" and dims.schedule != "zb_h1" else 0.0
+    f, again, b, w, (hf, h_again, hb, hw), bulk = _passes(timer, layer, r, dims.recompute == "full")
+    saved = bulk if layer.name == "block" and dims.schedule != "zb_h1" else 0.0
     return {"F": f, "B": again + b + w + partial + rs - saved, "rs": rs, "Bs": again + b, "W": w + partial + rs,
             "ag": ag, "host F": hf, "host B": h_again + hb + hw, "host Bs": h_again + hb, "host W": hw}
 
@@ -66,14 +65,22 @@ def _host(timer, layer, recompute):
 
 def _passes(timer, layer, r, recompute):
     """Seconds of the layer's own ops per pass (F, F again under full recomputation, B,
-    W), kept on the layer for the groups that time them."""
+    W), the host's to issue them (:func:`_host`) and the bulk overlap's saving
+    (:meth:`~.timer.Timer.bulk_saving`), kept on the layer for the groups that time them."""
     groups = timer.groups(r)
     key = (timer.topology, groups["tp"], groups["cp"], groups["ep"], recompute)
     if key not in layer.times:
         ops = layer.ops
         again = timer.ops(ops.get("F0", ops["F"]), r) if recompute else 0.0
-        layer.times[key] = (timer.ops(ops["F"], r), again, timer.ops(ops["B"], r), timer.ops(ops["W"], r))
+        bulk = timer.bulk_saving(layer, r) if layer.name == "block" else 0.0
+        layer.times[key] = (timer.ops(ops["F"], r), again, timer.ops(ops["B"], r), timer.ops(ops["W"], r),
+                            _host(timer, layer, recompute), bulk)
     return layer.times[key]
+
+
+def bulk_saving(timer, layer, r, recompute):
+    """:meth:`~.timer.Timer.bulk_saving` of a block (0 for other layers), kept with its passes."""
+    return _passes(timer, layer, r, recompute)[-1]
 
 
 def action_durations(actions, per_layer, dims, host=False, prefetch=False):
