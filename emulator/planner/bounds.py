@@ -113,7 +113,8 @@ class Factorisation:
         self._opt, self._static = {}, {}
 
     def static(self, kinds, z):
-        """Per kind: bytes of parameters and optimizer state a rank holds (``Units``'s sums)."""
+        """Per kind: bytes of parameters and optimizer state a rank holds (``Units``'s sums),
+        and the same with its gradients added (once every layer's first backward ran)."""
         key = (z,) + tuple(tuple(x.params.items()) for x in kinds)
         hit = self._static.get(key)
         if hit is None:
@@ -122,15 +123,17 @@ class Factorisation:
 
     def _held(self, kinds, z):
         s = self.sizes
-        out = []
+        out, with_grads = [], []
         for x in kinds:
-            t = 0
+            t = g = 0
             for group, elems in x.params.items():
                 if elems:
                     mine = padded(elems, self.groups[group]) // self.groups[group]
                     t += (mine if z == 3 else elems) * s["params"] + (elems if z == 0 else mine) * s["optimizer"]
+                    g += (elems if z <= 1 else mine) * s["grads"]
             out.append(t)
-        return out
+            with_grads.append(t + g)
+        return out, with_grads
 
     def updated(self, kinds, z):
         """Per kind: elements the optimizer updates (``_optimizer_seconds``'s count)."""
@@ -278,10 +281,13 @@ def step_bound(part, kinds, times, z, sched, v, m):
 
 
 def memory_bound(part, kinds, z, sched, v, m, full):
-    """A lower bound on :func:`~emulator.planner.memory.stage_peaks`'s worst rank: its
-    parameters and optimizer state (held all step) and, when its first backward starts,
-    what the forwards before it keep (no gradient held yet; buffers >= 0)."""
-    static = part.static(kinds, z)
+    """A lower bound on :func:`~emulator.planner.memory.stage_peaks`'s worst rank, the larger
+    of two moments of its walk: when its first backward starts, its parameters and
+    optimizer state (held all step) and what the forwards before it keep (no gradient held
+    yet; buffers >= 0); and when its last backward ends, the same state and every layer's
+    gradients (each held from its first backward to the update; activations, buffers >= 0;
+    DDP's buckets hold their layers' sum)."""
+    static, with_grads = part.static(kinds, z)
     kept = [x.input if full else x.kept for x in kinds]
-    return max(_dot(row[:3], static) + _dot(row[3:], kept) for row in _memory_rows(sched, part.dims.pp, m, v,
-                                                                                       part.model.n_layers))
+    return max(max(_dot(row[:3], static) + _dot(row[3:], kept), _dot(row[:3], with_grads))
+               for row in _memory_rows(sched, part.dims.pp, m, v, part.model.n_layers))
