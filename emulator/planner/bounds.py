@@ -85,6 +85,21 @@ def _time_classes(p, v, n_layers):
     return tuple(last.items()), (rows[0][0], rows[-1][0], rows[-1][1])
 
 
+@lru_cache(maxsize=4096)
+def _backward_classes(name, p, v, n_layers):
+    """Rule 2 for every rank: per distinct set of layers held by a rank whose last action
+    is a backward of chunk 0, the longest chain of stages 0..r-1 of chunk 0 among those
+    ranks. Each rank's last action does not depend on the number of micro-batches
+    (``tests/test_planner_bounds.py`` holds every schedule to that): it is read from
+    ``(v + 1) p`` of them."""
+    acts = _actions(name, p, (v + 1) * p, v)
+    longest = {}
+    for r, (held, chain, _) in enumerate(_time_rows(p, v, n_layers)):
+        if acts[r][-1] == ("B", 0):
+            longest[held] = chain  # chains only grow with r
+    return tuple(longest.items())
+
+
 @lru_cache(maxsize=64)
 def _ends_with_backward(name, p, v):
     """Whether the last rank's last action is a backward (its chain runs back to stage 0)."""
@@ -232,7 +247,10 @@ def step_bound(part, kinds, times, z, sched, v, m):
        actions take at least ``W_r`` each (:func:`_pass_bounds`, over its layers);
     2. ``end_0 >= Fchain_{p-1} + m W_{p-1} + Bchain_{p-1}`` where the last rank's last
        action is a backward: rank 0's backward of that micro-batch waits for it and for its
-       backward through stages p-2..0 of chunk 0 (each at least its ``B``);
+       backward through stages p-2..0 of chunk 0 (each at least its ``B``); and so for
+       every rank r whose last action is a backward of chunk 0 (:func:`_backward_classes`):
+       ``end_0 >= Fchain_r + m W_r + Bchain_r``, its first action waiting for stages
+       0..r-1, its last one's micro-batch going back down them;
     3. ``end_r >= m H_r``, the host's seconds to issue them (an action ends no earlier than
        its host has issued it), where ``evaluate`` plays every micro-batch.
 
@@ -262,6 +280,10 @@ def step_bound(part, kinds, times, z, sched, v, m):
         if p > 1 and _ends_with_backward(sched, p, v):
             best = max(best, _dot(chain_last, w) + m * _dot(held_last, w) + part.optimizer(_dot(held_first, upd), 0)
                        + _dot(held_first, tails))
+        if p > 1:
+            first = part.optimizer(_dot(held_first, upd), 0) + _dot(held_first, tails)
+            for held, chain in _backward_classes(sched, p, v, part.model.n_layers):
+                best = max(best, _dot(chain, w) + m * _dot(held, w) + first)
         return best
     best = f_chain = b_chain = 0.0
     extra = []

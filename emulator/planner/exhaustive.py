@@ -19,6 +19,7 @@ brute force over the same settings.
 """
 
 from bisect import insort
+from dataclasses import replace
 from ..accounting.pipeline import interleaved_rounds
 from ..errors import ConfigError
 from ..parallel.dims import RECOMPUTE, ParallelDims
@@ -82,6 +83,24 @@ def _peak(model, dims, seq_len, batch, ctx):
     return max(peak for peak, _ in stage_peaks(layers, dims, ctx))
 
 
+def _twin_key(dims):
+    """Plans that differ only in recomputing nothing or selectively share a key."""
+    return dims.replace(recompute="none") if dims.recompute in ("none", "selective") else dims
+
+
+def _twin(model, dims, seq_len, batch, ctx, seen):
+    """The Estimate of the plan evaluated in full that differs from ``dims`` only in
+    recomputing nothing or selectively, where that changes none of the rank's layers
+    (a fused attention kernel recomputes its scores anyway): ``evaluate`` reads the
+    recomputation only through the layers and ``recompute == "full"``. Else None."""
+    hit = seen.get(_twin_key(dims))
+    if hit is None or hit[0].recompute == dims.recompute:
+        return None
+    b = batch // (dims.dp * dims.micro_batches)
+    same = rank_layers(model, dims, b, seq_len, ctx, KINDS) == rank_layers(model, hit[0], b, seq_len, ctx, KINDS)
+    return hit[1] if same else None
+
+
 def candidates(model, cluster, seq_len, global_batch_tokens, ctx, rejected):
     """Every setting of every factorisation (:func:`_variants`) whose memory bound fits in
     HBM, as ``(step bound, ParallelDims keywords)``, unsorted; a factorisation none of whose
@@ -137,7 +156,7 @@ def exhaustive_search(model, cluster, seq_len, global_batch_tokens, top=10, para
     cands = candidates(model, cluster, seq_len, global_batch_tokens, ctx, rej)
     cands.sort(key=lambda c: c[0])
     batch = global_batch_tokens // seq_len
-    ranked, steps, evaluated = [], [], 0
+    ranked, steps, evaluated, seen = [], [], 0, {}
     for bound, kw in cands:
         if len(steps) >= top and bound >= steps[top - 1]:
             break
@@ -148,12 +167,21 @@ def exhaustive_search(model, cluster, seq_len, global_batch_tokens, top=10, para
         if problems:
             rej.append(Rejected.of(dims, f"{dims}: " + "; ".join(problems)))
             continue
+        twin = _twin(model, dims, seq_len, batch, ctx, seen)
+        if twin is not None:  # the same layers as a plan already judged: the same verdict
+            if twin.valid:
+                ranked.append((dims, replace(twin, dims=dims)))
+                insort(steps, twin.step_time)
+            else:
+                rej.append(Rejected.of(dims, "; ".join(twin.problems)))
+            continue
         peak = _peak(model, dims, seq_len, batch, ctx)
         if peak > cluster.hbm_bytes:
             rej.append(Rejected.of(dims, f"{dims}: does not fit: needs "
                                 f"{peak / 1e9:.1f} GB, HBM has {cluster.hbm_bytes / 1e9:.0f} GB"))
             continue
         est = evaluate(model, cluster, dims, seq_len, global_batch_tokens, stack=ctx.stack, precision=ctx.precision)
+        seen[_twin_key(dims)] = (dims, est)
         evaluated += 1
         if est.valid:
             ranked.append((dims, est))
