@@ -1,11 +1,10 @@
 """The planner against the emulator: each rank's memory within 3% of its ledger's peak and
 the step within 10% of the timeline, over plans with every axis, every ZeRO stage, every
 schedule and every recomputation mode; the pieces it is made of against the emulator's
-own (ring collective times, groups, ring attention's blocks); its problems in words; the
-search, its speed and its rejections; the command line."""
-
-import json
-import time
+own (ring collective times, all-to-all times, groups, ring attention's blocks); its model
+presets; long pipelines extended exactly; the comm table's exposed seconds (its problems in
+words: tests/test_planner_problems.py; the search and the command line:
+tests/test_planner_search.py)."""
 
 import numpy as np
 import pytest
@@ -15,13 +14,12 @@ from emulator.cost import collective_time
 from emulator.machine.topology import Topology
 from emulator.parallel import ParallelDims as D
 from emulator.parallel.context_parallel.ring import blocks
-from emulator.planner import (ModelSpec, cluster_preset, enumerate_plans, evaluate, model_preset, run_plan,
-                              search)
-from emulator.planner.__main__ import main as cli
+from emulator.planner import ModelSpec, cluster_preset, evaluate, model_preset, run_plan
 from emulator.planner.layers import _ring_blocks
 from emulator.machine.stack import stack_preset
 from emulator.planner.collective_times import ring_collective_time
 from emulator.planner.timer import Timer
+
 
 DENSE = ModelSpec(8, 256, 8, 1024, 2048)
 GQA = ModelSpec(8, 256, 8, 768, 2048, n_kv_heads=2, mlp="swiglu")
@@ -133,69 +131,6 @@ def test_groups_and_ring_blocks_are_the_runtimes():
             assert got == want
 
 
-def test_problems_say_what_is_wrong():
-    m = model_preset("llama3-70b")
-    c = cluster_preset("h100", nodes=8)
-    wrong_size = evaluate(m, c, D(dp=2, tp=8), 4096, 2**20)
-    assert not wrong_size.valid and "16 GPUs, but the cluster has 64" in wrong_size.problems[0]
-    assert wrong_size.step_time is None
-    crosses = evaluate(model_preset("megatron-h100-70b"), c, D(dp=4, tp=16, recompute="full"), 4096, 2**20)
-    assert not crosses.valid and any("crosses a node" in p for p in crosses.problems)
-    assert crosses.step_time is not None  # still timed, to show what crossing costs
-    heads = evaluate(model_preset("llama3-8b"), cluster_preset("h100", nodes=3), D(dp=8, tp=3), 4096, 2**20)
-    assert any("tp=3 must divide the 32 attention heads" in p for p in heads.problems)
-    big = evaluate(m, c, D(dp=64), 4096, 2**20)
-    over = [p for p in big.problems if p.startswith("does not fit")]
-    assert over and "GB over" in over[0] and not big.valid and not big.fits
-    ok = evaluate(m, c, D(dp=4, tp=8, pp=2, zero_stage=1, sequence_parallel=True, micro_batches=64,
-                          recompute="selective"), 4096, 2**20)
-    assert ok.valid and ok.fits and ok.problems == []
-    assert 0 < ok.mfu < ok.hfu * 1.5 and 0 < ok.bubble < 0.1
-    assert set(ok.memory_bytes) == {"params", "grads", "optimizer", "activations", "buffers"}
-    assert {row["axis"] for row in ok.comm} == {"tp", "pp", "dp,cp"}
-    a2a = evaluate(model_preset("mixtral-8x22b"), cluster_preset("h100", nodes=32),
-                   D(dp=16, tp=4, pp=4, ep=8, zero_stage=1, micro_batches=16, sequence_parallel=True), 4096,
-                   2**22)
-    assert any(p.startswith("slow: the ep=8 all-to-all crosses nodes") for p in a2a.problems)
-    with pytest.raises(ConfigError, match="ModelSpec"):
-        evaluate("llama", c, D(), 4096, 2**20)
-    with pytest.raises(ConfigError, match="seq_len"):
-        evaluate(m, c, D(dp=64), 0, 2**20)
-
-
-def test_every_structural_problem_is_listed_at_once():
-    """TP 16 on Llama 3 70B (8 K/V heads) on nodes of 8: the K/V heads and the node it
-    crosses; with a batch that is not whole sequences and too many layers' stages too, every
-    one of them, not the first class only."""
-    m, c = model_preset("llama3-70b"), cluster_preset("h100", nodes=4)
-    kv = evaluate(m, c, D(dp=2, tp=16), 4096, 2**20)
-    assert kv.step_time is None and not kv.valid
-    assert any("tp=16 must divide the 8 K/V heads" in p for p in kv.problems)
-    assert any("tp=16 crosses a node (8 GPUs per node)" in p for p in kv.problems)
-    many = evaluate(ModelSpec(4, 128, 4, 512, 1024, n_kv_heads=2), cluster_preset("h100", nodes=2),
-                    D(tp=4, pp=8, micro_batches=2), 256, 64 * 256 + 1)
-    found = " | ".join(many.problems)
-    for part in ("32 GPUs, but the cluster has 16", "not a whole number of 256-token sequences", "2 K/V heads",
-                 "pp x v = 8 stages need at least as many layers"):
-        assert part in found, part
-    assert "crosses a node" not in found  # tp 4 in a node of 8: nothing to say about placement
-    ok = evaluate(m, cluster_preset("h100", nodes=8), D(dp=4, tp=8, pp=2, zero_stage=1, sequence_parallel=True,
-                                                         micro_batches=64, recompute="selective"), 4096, 2**20)
-    assert ok.problems == []
-
-
-def test_parallel_dims_accepts_a_planners_model_spec():
-    """A ModelSpec leaves max_seq open (None): its problems are the sizes, not a TypeError."""
-    m = model_preset("llama3-70b")
-    assert m.max_seq is None
-    assert D(dp=2, tp=8).problems(m, 4096, 16) == []
-    assert D(dp=2, tp=8).validate(m, 131072) is not None
-    with pytest.raises(ConfigError, match="8 K/V heads"):
-        D(tp=16).validate(m, 4096, 16)
-    fixed = m.with_seq(2048)
-    assert any("longer than the model's max_seq (2048)" in p for p in D().problems(fixed, 4096))
-
-
 def test_model_presets_and_specs():
     assert model_preset("llama3-405b").params() == pytest.approx(405.9e9, rel=0.01)
     assert model_preset("gpt3-175b").params() == pytest.approx(175e9, rel=0.03)
@@ -209,59 +144,6 @@ def test_model_presets_and_specs():
     with pytest.raises(ConfigError, match="learned position table"):
         model_preset("llama3-8b").to_gpt(4096)
     assert ModelSpec.of(DENSE.to_gpt(512)) == DENSE.replace(max_seq=512)
-
-
-def test_search_ranks_valid_plans_and_says_why_the_others_cannot_run():
-    m, c = model_preset("llama3-70b"), cluster_preset("h100", nodes=2)
-    rejected = []
-    ranked = search(m, c, 4096, 40 * 4096, top=5, rejected=rejected, precision="zero-mixed")  # 16 bytes/param
-    assert 1 <= len(ranked) <= 5 and all(e.valid and e.fits for _, e in ranked)
-    rates = [e.tokens_per_s_per_gpu for _, e in ranked]
-    assert rates == sorted(rates, reverse=True)
-    assert all(d.world_size == 16 and d.tp <= 8 for d, _ in ranked)
-    reasons = " | ".join(r.reason for r in rejected)
-    for needed in ("crosses a node", "does not split over dp", "does not fit"):
-        assert needed in reasons
-    assert not search(m, c, 4096, 40 * 4096, top=5)  # Megatron's fp32 gradients (18 bytes/param): none fits
-    ok, rej = enumerate_plans(m, c, 4096, 40 * 4096)
-    assert len(ok) + len(rej) == sum(1 for tp in range(1, 17) if 16 % tp == 0
-                                     for pp in range(1, 17) if (16 // tp) % pp == 0
-                                     for cp in range(1, 17) if (16 // (tp * pp)) % cp == 0)
-
-
-def test_search_enumerates_every_plan_for_16384_gpus_in_under_a_second():
-    m, c = model_preset("llama3-405b"), cluster_preset("h100", nodes=2048)
-    search(m, c, 8192, 16 * 2**20, top=1, full_evaluations=1)  # warm the caches of one-off tables
-    t0 = time.process_time()
-    ranked = search(m, c, 8192, 16 * 2**20, top=1, full_evaluations=1)
-    took = time.process_time() - t0
-    assert ranked and took < 1.0, f"enumerating and ranking every plan took {took:.2f} s of CPU"
-
-
-def test_command_line(capsys):
-    base = ["--gpus", "64", "--model", "llama3-70b", "--seq", "4096", "--batch-tokens", "2M"]
-    assert cli(base + ["--top", "3", "--rejected", "2"]) == 0
-    out = capsys.readouterr().out
-    assert "tokens/s/GPU" in out and " 1 " in out and "rejected plans" in out and "more (--rejected -1" in out
-    assert cli(base + ["--json", "--top", "2"]) == 0
-    data = json.loads(capsys.readouterr().out)
-    assert len(data["ranked"]) == 2 and data["rejected"] and "reason" in data["rejected"][0]
-    assert cli(base + ["--dims", "dp=4,tp=8,pp=2,zero_stage=1,sequence_parallel=true,micro_batches=128,recompute=selective"]) == 0
-    assert "tp  reduce_scatter" in capsys.readouterr().out
-    assert cli(base + ["--dims", "dp=2,tp=16,pp=2"]) == 1
-    assert "tp=16 must divide the 8 K/V heads" in capsys.readouterr().out
-    assert cli(base[:3] + ["megatron-h100-70b"] + base[4:] + ["--dims", "dp=2,tp=16,pp=2,micro_batches=8"]) == 1
-    assert "crosses a node" in capsys.readouterr().out
-    assert cli(base + ["--dims", "dp=2,tx=16"]) == 2
-    assert "unknown field(s) ['tx']" in capsys.readouterr().err
-    assert cli(["--gpus", "64", "--model", "llama3-70b"]) == 2
-    assert "missing --seq, --batch-tokens" in capsys.readouterr().err
-    small = ["--gpus", "8", "--gpus-per-node", "4", "--model", "n_layers=4,d_model=64,n_heads=4,d_ff=256,vocab=512",
-             "--seq", "64", "--batch-tokens", "1K"]
-    assert cli(small + ["--dims", "dp=2,tp=2,pp=2,micro_batches=2", "--run", "--json"]) == 0
-    run = json.loads(capsys.readouterr().out)
-    step = next(r for r in run["comparison"] if r["quantity"] == "step time")
-    assert abs(float(step["error"].rstrip("%"))) < 10
 
 
 @pytest.mark.parametrize("dims", [D(pp=4, dp=2, micro_batches=48, zero_stage=1),

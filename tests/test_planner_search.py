@@ -1,0 +1,62 @@
+"""The planner's search: it ranks the valid plans and says why the others cannot run,
+enumerates every plan for 16,384 GPUs in under a second, and answers on the command line
+(its refusals there: tests/test_planner_cli.py)."""
+
+import json
+import time
+
+from emulator.planner import cluster_preset, enumerate_plans, model_preset, search
+from emulator.planner.__main__ import main as cli
+
+
+def test_search_ranks_valid_plans_and_says_why_the_others_cannot_run():
+    m, c = model_preset("llama3-70b"), cluster_preset("h100", nodes=2)
+    rejected = []
+    ranked = search(m, c, 4096, 40 * 4096, top=5, rejected=rejected, precision="zero-mixed")  # 16 bytes/param
+    assert 1 <= len(ranked) <= 5 and all(e.valid and e.fits for _, e in ranked)
+    rates = [e.tokens_per_s_per_gpu for _, e in ranked]
+    assert rates == sorted(rates, reverse=True)
+    assert all(d.world_size == 16 and d.tp <= 8 for d, _ in ranked)
+    reasons = " | ".join(r.reason for r in rejected)
+    for needed in ("crosses a node", "does not split over dp", "does not fit"):
+        assert needed in reasons
+    assert not search(m, c, 4096, 40 * 4096, top=5)  # Megatron's fp32 gradients (18 bytes/param): none fits
+    ok, rej = enumerate_plans(m, c, 4096, 40 * 4096)
+    assert len(ok) + len(rej) == sum(1 for tp in range(1, 17) if 16 % tp == 0
+                                     for pp in range(1, 17) if (16 // tp) % pp == 0
+                                     for cp in range(1, 17) if (16 // (tp * pp)) % cp == 0)
+
+
+def test_search_enumerates_every_plan_for_16384_gpus_in_under_a_second():
+    m, c = model_preset("llama3-405b"), cluster_preset("h100", nodes=2048)
+    search(m, c, 8192, 16 * 2**20, top=1, full_evaluations=1)  # warm the caches of one-off tables
+    t0 = time.process_time()
+    ranked = search(m, c, 8192, 16 * 2**20, top=1, full_evaluations=1)
+    took = time.process_time() - t0
+    assert ranked and took < 1.0, f"enumerating and ranking every plan took {took:.2f} s of CPU"
+
+
+def test_command_line(capsys):
+    base = ["--gpus", "64", "--model", "llama3-70b", "--seq", "4096", "--batch-tokens", "2M"]
+    assert cli(base + ["--top", "3", "--rejected", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "tokens/s/GPU" in out and " 1 " in out and "rejected plans" in out and "more (--rejected -1" in out
+    assert cli(base + ["--json", "--top", "2"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["ranked"]) == 2 and data["rejected"] and "reason" in data["rejected"][0]
+    assert cli(base + ["--dims", "dp=4,tp=8,pp=2,zero_stage=1,sequence_parallel=true,micro_batches=128,recompute=selective"]) == 0
+    assert "tp  reduce_scatter" in capsys.readouterr().out
+    assert cli(base + ["--dims", "dp=2,tp=16,pp=2"]) == 1
+    assert "tp=16 must divide the 8 K/V heads" in capsys.readouterr().out
+    assert cli(base[:3] + ["megatron-h100-70b"] + base[4:] + ["--dims", "dp=2,tp=16,pp=2,micro_batches=8"]) == 1
+    assert "crosses a node" in capsys.readouterr().out
+    assert cli(base + ["--dims", "dp=2,tx=16"]) == 2
+    assert "unknown field(s) ['tx']" in capsys.readouterr().err
+    assert cli(["--gpus", "64", "--model", "llama3-70b"]) == 2
+    assert "missing --seq, --batch-tokens" in capsys.readouterr().err
+    small = ["--gpus", "8", "--gpus-per-node", "4", "--model", "n_layers=4,d_model=64,n_heads=4,d_ff=256,vocab=512",
+             "--seq", "64", "--batch-tokens", "1K"]
+    assert cli(small + ["--dims", "dp=2,tp=2,pp=2,micro_batches=2", "--run", "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    step = next(r for r in run["comparison"] if r["quantity"] == "step time")
+    assert abs(float(step["error"].rstrip("%"))) < 10
