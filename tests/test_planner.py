@@ -13,9 +13,9 @@ from emulator import ConfigError
 from emulator.cost import collective_time
 from emulator.machine.topology import Topology
 from emulator.parallel import ParallelDims as D
-from emulator.parallel.context_parallel.ring import blocks
+from emulator.parallel.context_parallel.ring import blocks, step_blocks
 from emulator.planner import ModelSpec, cluster_preset, evaluate, model_preset, run_plan
-from emulator.planner.layers import _ring_blocks
+from emulator.planner.layers import _busiest_cp_rank
 from emulator.machine.stack import stack_preset
 from emulator.planner.collective_times import ring_collective_time
 from emulator.planner.timer import Timer
@@ -127,7 +127,8 @@ def test_groups_and_ring_blocks_are_the_runtimes():
             want = tuple(max(sum((q.stop - q.start) * (k.stop - k.start) for q, k, _ in
                                  blocks(rank, (rank - t) % c, c, 8, True, layout)) for rank in range(c))
                          for t in range(c))
-            got = tuple(sum(q * k for q, k in step) for step in _ring_blocks(c, layout, 8))
+            busiest = _busiest_cp_rank(D(cp=c))  # the rank whose ring steps the declared work holds
+            got = tuple(sum(q * k for q, k in step) for step in step_blocks(busiest, c, 8, True, layout))
             assert got == want
 
 

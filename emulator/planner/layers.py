@@ -169,15 +169,6 @@ def ops_flops(ops):
     return flops_of(ops)
 
 
-def _ring_blocks(c, layout, n):
-    """Per ring step, the (query rows, key rows) blocks the busiest rank computes (kept for
-    the tests that compare them with :func:`emulator.parallel.context_parallel.ring.blocks`)."""
-    if layout == "contiguous":
-        return (((n, n),),) * c
-    half = n // 2
-    return (((half, half),) * 3,) + (((half, half),) * 2,) * (c - 1)
-
-
 def inventory(model, dims, batch, seq_len, rank, param_bytes=None, precision=None, stack=None):
     """Pipeline rank ``rank``'s layers (every chunk) as plain numbers, for a global batch of
     ``batch`` sequences: ``[{"name", "params": {"dense"/"experts": elements}, "kept": bytes
