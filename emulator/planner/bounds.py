@@ -4,106 +4,18 @@ below, computed in closed form from its layers, for the exhaustive search
 its argument in its docstring; :class:`Factorisation` holds what one factorisation's settings
 share (its layers' kinds and their times)."""
 
-from functools import lru_cache
 from ..machine import elementwise
 from ..mesh import DP_CP, EDP, REDUCED_OVER
 from ..parallel.data_parallel.ladder import uses_distributed_optimizer
 from ..parallel.dims import ParallelDims
-from ..parallel.pipeline.actions import stage_of
-from .layers import split_names
-from .memory import _actions, byte_sizes, padded, walked_micro_batches
+from .bound_rows import (_backward_classes, _chunk_counts, _ends_with_backward, _last_rank_of, _memory_rows,
+                         _time_classes, _time_rows)
+from .memory import byte_sizes, padded
+from .overlap import last_bucket_seconds
 from .timer import Timer
 from .timing import bulk_saving, layer_times
 
 KINDS = ("embed", "blocks.0", "head")  # a stage's layers are these three kinds, counted
-
-
-def _chunk_counts(n_layers, p, v):
-    """``[rank][chunk] -> (embeds, blocks, heads)``: the layers of each of a rank's chunks."""
-    names = split_names(n_layers, p * v)
-    out = []
-    for r in range(p):
-        row = []
-        for c in range(v):
-            stage = names[stage_of(p, r, c)]
-            e, h = stage.count("embed"), stage.count("head")
-            row.append((e, len(stage) - e - h, h))
-        out.append(tuple(row))
-    return tuple(out)
-
-
-@lru_cache(maxsize=4096)
-def _memory_rows(name, p, m, v, n_layers):
-    """For the memory bound of every rank: ``(layers held, layers' activations kept)`` as
-    3-vectors of (embeds, blocks, heads), the second summed over the forwards a rank runs
-    before its first backward (the walk :func:`~emulator.planner.memory.stage_peaks`
-    takes: GPipe all m, the others their first ``walked_micro_batches(p)``); rows that
-    another row bounds in both are dropped."""
-    counts = _chunk_counts(n_layers, p, v)
-    if name == "gpipe":
-        before = [[m] * v for _ in range(p)]
-    else:
-        acts = _actions(name, p, min(m, walked_micro_batches(p)), v)
-        before = []
-        for r in range(p):
-            row = [0] * v
-            for kind, c in acts[r]:
-                if kind != "F":
-                    break
-                row[c] += 1
-            before.append(row)
-    rows = set()
-    for r in range(p):
-        held = tuple(sum(counts[r][c][k] for c in range(v)) for k in range(3))
-        kept = tuple(sum(before[r][c] * counts[r][c][k] for c in range(v)) for k in range(3))
-        rows.add(held + kept)
-    return tuple(x for x in rows if not any(y != x and all(a <= b for a, b in zip(x, y)) for y in rows))
-
-
-@lru_cache(maxsize=4096)
-def _time_rows(p, v, n_layers):
-    """Per rank: (its layers over every chunk, the layers of stages 0..r-1 of chunk 0 that
-    its first forward waits for, the layers of its chunk-0 stage) as 3-vectors."""
-    counts = _chunk_counts(n_layers, p, v)
-    out, chain = [], (0, 0, 0)
-    for r in range(p):
-        held = tuple(sum(counts[r][c][k] for c in range(v)) for k in range(3))
-        out.append((held, chain, counts[r][0]))
-        chain = tuple(a + b for a, b in zip(chain, counts[r][0]))
-    return tuple(out)
-
-
-@lru_cache(maxsize=4096)
-def _time_classes(p, v, n_layers):
-    """:func:`_time_rows` for stages timed alike: per distinct set of layers a rank holds,
-    the longest chain of its ranks (the last: chains only grow with r); and (rank 0's
-    layers, the last rank's, the chain of stages 0..p-2)."""
-    rows = _time_rows(p, v, n_layers)
-    last = {}
-    for held, chain, _ in rows:
-        last[held] = chain
-    return tuple(last.items()), (rows[0][0], rows[-1][0], rows[-1][1])
-
-
-@lru_cache(maxsize=4096)
-def _backward_classes(name, p, v, n_layers):
-    """Rule 2 for every rank: per distinct set of layers held by a rank whose last action
-    is a backward of chunk 0, the longest chain of stages 0..r-1 of chunk 0 among those
-    ranks. Each rank's last action does not depend on the number of micro-batches
-    (``tests/test_planner_bounds.py`` holds every schedule to that): it is read from
-    ``(v + 1) p`` of them."""
-    acts = _actions(name, p, (v + 1) * p, v)
-    longest = {}
-    for r, (held, chain, _) in enumerate(_time_rows(p, v, n_layers)):
-        if acts[r][-1] == ("B", 0):
-            longest[held] = chain  # chains only grow with r
-    return tuple(longest.items())
-
-
-@lru_cache(maxsize=64)
-def _ends_with_backward(name, p, v):
-    """Whether the last rank's last action is a backward (its chain runs back to stage 0)."""
-    return _actions(name, p, (v + 1) * p, v)[p - 1][-1][0] == "B"
 
 
 def _dot(a, b):
@@ -125,7 +37,7 @@ class Factorisation:
         self.sizes = byte_sizes(ctx)
         self.distributed = uses_distributed_optimizer(ctx.stack, 1)
         self.prefetch = ctx.stack.fsdp_prefetch
-        self._opt, self._static = {}, {}
+        self._opt, self._static, self._floor = {}, {}, {}
 
     def static(self, kinds, z):
         """Per kind: bytes of parameters and optimizer state a rank holds (``Units``'s sums),
@@ -189,6 +101,27 @@ class Factorisation:
             out.append(row)
         return out
 
+    def floor(self, kinds, z, r, v):
+        """What rank r's data-parallel tail is at least where :func:`~emulator.planner.comm.dp_tail`
+        replays it (DDP's all-reduces; ZeRO-1's reduce-scatters under the distributed
+        optimizer): its last bucket's collective (:func:`~.overlap.last_bucket_seconds`)."""
+        if z == 0:
+            op = "all_reduce"
+        elif z == 1 and self.distributed:
+            op = "reduce_scatter"
+        else:
+            return 0.0
+        p = self.dims.pp
+        counts = _chunk_counts(self.model.n_layers, p, v)[r]
+        key = (z, v, r > 0, counts, self.timer.stage_key(r), tuple(tuple(x.params.items()) for x in kinds))
+        hit = self._floor.get(key)
+        if hit is None:
+            layers = [[None] * p for _ in range(v)]
+            for c, (e, b, h) in enumerate(counts):
+                layers[c][r] = [kinds[0]] * e + [kinds[1]] * b + [kinds[2]] * h
+            hit = self._floor[key] = last_bucket_seconds(self.timer, r, layers, self.dims, self.ctx, op)
+        return hit
+
     def tails(self, kinds, z, key):
         """Per kind: the data-parallel tail :func:`~emulator.planner.comm.dp_tail` adds in
         closed form (ZeRO-1 without the distributed optimizer, ZeRO-2); 0 where it replays."""
@@ -238,7 +171,8 @@ def step_bound(part, kinds, times, z, sched, v, m):
     """A lower bound on :func:`~emulator.planner.evaluate`'s ``step_time`` for the plan.
 
     ``evaluate``'s step is ``max_r (end_r + tail_r + optimizer_r)``: rank r's pipeline end,
-    its data-parallel tail (>= 0; here its closed form where ``dp_tail`` has one, else 0)
+    its data-parallel tail (here its closed form where ``dp_tail`` has one, else at least
+    its last bucket's collective, :meth:`Factorisation.floor`)
     and its optimizer update (here exactly). :func:`~emulator.parallel.pipeline.simulator.play` runs
     each rank's actions one after another, each no earlier than its input arrives, so:
 
@@ -272,16 +206,17 @@ def step_bound(part, kinds, times, z, sched, v, m):
         tails = part.tails(kinds, z, 0)
         best = 0.0
         classes, (held_first, held_last, chain_last) = _time_classes(p, v, part.model.n_layers)
+        ranks = _last_rank_of(p, v, part.model.n_layers)
         for held, chain in classes:
             g = _dot(chain, f) + m * _dot(held, w)
             if played:
                 g = max(g, m * _dot(held, h))
-            best = max(best, g + part.optimizer(_dot(held, upd), 0) + _dot(held, tails))
+            best = max(best, g + part.optimizer(_dot(held, upd), 0) + _dot(held, tails) +
+                       part.floor(kinds, z, ranks[held], v))
+        first = part.optimizer(_dot(held_first, upd), 0) + _dot(held_first, tails) + part.floor(kinds, z, 0, v)
         if p > 1 and _ends_with_backward(sched, p, v):
-            best = max(best, _dot(chain_last, w) + m * _dot(held_last, w) + part.optimizer(_dot(held_first, upd), 0)
-                       + _dot(held_first, tails))
+            best = max(best, _dot(chain_last, w) + m * _dot(held_last, w) + first)
         if p > 1:
-            first = part.optimizer(_dot(held_first, upd), 0) + _dot(held_first, tails)
             for held, chain in _backward_classes(sched, p, v, part.model.n_layers):
                 best = max(best, _dot(chain, w) + m * _dot(held, w) + first)
         return best
@@ -292,7 +227,8 @@ def step_bound(part, kinds, times, z, sched, v, m):
         ps = passes[key]
         gpu = f_chain + m * sum(n * (x[0] + x[1]) for n, x in zip(held, ps))
         g = max(gpu, m * sum(n * (x[2] + x[3]) for n, x in zip(held, ps))) if played else gpu
-        extra.append(part.optimizer(_dot(held, upd), key) + _dot(held, part.tails(kinds, z, key)))
+        extra.append(part.optimizer(_dot(held, upd), key) + _dot(held, part.tails(kinds, z, key)) +
+                     part.floor(kinds, z, r, v))
         best = max(best, g + extra[-1])
         if r < p - 1:
             f_chain += sum(n * x[0] for n, x in zip(first, ps))

@@ -127,10 +127,7 @@ def replay(timer, r, actions, timing, layers, dims, ctx, hop, host_seconds=None,
                 waiting[b] -= 1
                 if waiting[b]:
                     continue
-                for axis, nbytes in _bucket_bytes(b, buckets, sizes, op, groups).items():
-                    if not nbytes or len(groups[axis]) == 1:
-                        continue
-                    sec = timer.op(("c", op, nbytes, axis), r)
+                for axis, sec in bucket_seconds(timer, r, b, buckets, sizes, op).items():
                     start = ports.place(kinds[axis], sec, max(t, stream.get(axis, 0.0)))
                     ports.book(kinds[axis], start, start + sec)
                     stream[axis] = start + sec
@@ -169,23 +166,53 @@ def _bucket_bytes(b, buckets, sizes, op, groups):
     return out
 
 
+def bucket_seconds(timer, r, b, buckets, sizes, op):
+    """{group axis: seconds} of bucket ``b``'s collective ``op`` on rank r, over each
+    data-parallel axis of more than one rank."""
+    groups = timer.groups(r)
+    return {axis: timer.op(("c", op, nbytes, axis), r)
+            for axis, nbytes in _bucket_bytes(b, buckets, sizes, op, groups).items()
+            if nbytes and len(groups[axis]) > 1}
+
+
+def bucket_gathers(timer, r, buckets, sizes):
+    """Seconds of each bucket's parameter all-gathers on rank r (one per layer and group)."""
+    groups = timer.groups(r)
+    gather = [0.0] * (1 + max(v for k, v in buckets.items() if k != "_layers"))
+    for (c, j), x in buckets["_layers"].items():
+        for group, elems in x.params.items():
+            axis = REDUCED_OVER[group]
+            n = len(groups[axis])
+            if elems and n > 1:
+                gather[buckets[(c, j)]] += timer.op(("c", "all_gather", -(-elems // n) * n * sizes["gather"], axis), r)
+    return gather
+
+
+def last_bucket_seconds(timer, r, layers, dims, ctx, op):
+    """What no schedule hides of rank r's data-parallel tail (a lower bound on
+    :func:`~emulator.planner.comm.dp_tail` where it replays, for the exhaustive search):
+    the last bucket (the one holding chunk 0's first layer, whose last gradient comes with
+    the rank's last action) starts its ``op`` no earlier than the pipeline ends, so its
+    longest axis is exposed; under the distributed optimizer its parameter all-gather
+    also comes whole before the next forward (:func:`gather_in_forward`)."""
+    buckets, _ = _buckets(layers, r, dims, ctx, op)
+    sizes = byte_sizes(ctx)
+    last = buckets[(0, 0)]
+    out = max(bucket_seconds(timer, r, last, buckets, sizes, op).values(), default=0.0)
+    return out + (bucket_gathers(timer, r, buckets, sizes)[last] if op == "reduce_scatter" else 0.0)
+
+
 def gather_in_forward(timer, r, layers, per_layer, dims, ctx, sizes):
     """Seconds a distributed optimizer's parameter all-gathers add to rank r's first
     forward: each bucket's is waited for before its first layer, the next one then issued
     (:class:`emulator.parallel.data_parallel.distributed_optimizer.DistributedOptimizer`): the first
     bucket's whole, each next one's beyond the forward of the bucket before."""
     buckets, _ = _buckets(layers, r, dims, ctx, "reduce_scatter")
-    groups = timer.groups(r)
-    n_buckets = 1 + max(v for k, v in buckets.items() if k != "_layers")
-    gather, forward = [0.0] * n_buckets, [0.0] * n_buckets
+    gather = bucket_gathers(timer, r, buckets, sizes)
+    n_buckets = len(gather)
+    forward = [0.0] * n_buckets
     for (c, j), x in buckets["_layers"].items():
-        b = buckets[(c, j)]
-        forward[b] += per_layer[c][j]["F"]
-        for group, elems in x.params.items():
-            axis = REDUCED_OVER[group]
-            n = len(groups[axis])
-            if elems and n > 1:
-                gather[b] += timer.op(("c", "all_gather", -(-elems // n) * n * sizes["gather"], axis), r)
+        forward[buckets[(c, j)]] += per_layer[c][j]["F"]
     order = list(reversed(range(n_buckets)))  # forward meets the last bucket (the first layers) first
     exposed = gather[order[0]]
     for a, b in zip(order, order[1:]):
