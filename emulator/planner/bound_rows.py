@@ -10,6 +10,7 @@ from .layers import split_names
 from .memory import _actions, walked_micro_batches
 
 
+@lru_cache(maxsize=4096)
 def _chunk_counts(n_layers, p, v):
     """``[rank][chunk] -> (embeds, blocks, heads)``: the layers of each of a rank's chunks."""
     names = split_names(n_layers, p * v)
