@@ -445,8 +445,8 @@ print(f"{len(rejected)} rejected, for {len(reasons)} reasons, e.g. {reasons[0]!r
 # `exhaustive_search` (`--exhaustive` on the command line) tries every micro-batch size,
 # schedule and number of chunks, ZeRO stage and recomputation mode, and prunes only with
 # bounds proven never to exceed what `evaluate` says, taking plans in the order of their
-# bounds until none left can beat the best found: exact, and slower (seconds here,
-# minutes for 16,384 GPUs; a test holds it to a brute force over the same settings).
+# bounds until none left can beat the best found: exact, and slower (a second or two here,
+# under ten for 16,384 GPUs; a test holds it to a brute force over the same settings).
 # *Predict first*: how much faster is the plan it finds here?
 
 # %%

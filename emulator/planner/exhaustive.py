@@ -12,10 +12,12 @@ tensor parallelism. Each gets two bounds in closed form from its layers (:mod:`.
 fit, and step time (:func:`~.bounds.step_bound`), which ``evaluate`` never goes below. The rest are
 taken in the order of their time bound; each one's memory is found as ``evaluate`` finds
 it, one that fits is evaluated in full (:func:`~emulator.planner.evaluate`), and the search
-stops when the next bound is no shorter than the ``top``-th best step. It is exact and
-slow: seconds for a node or two, minutes for 16,384 GPUs (``python -m
-benchmarks.search_speed``); ``tests/test_planner_search_brute_force.py`` holds it to a
-brute force over the same settings.
+stops when the next bound is no shorter than the ``top``-th best step; a plan whose
+layers are those of one already evaluated, recomputing selectively where nothing is
+recomputed, takes its verdict. It is exact and slower than :func:`~.ranking.search`:
+seconds for 16,384 GPUs (``python -m benchmarks.search_speed``);
+``tests/test_planner_search_brute_force.py`` holds it to a brute force over the same
+settings.
 """
 
 from bisect import insort
