@@ -41,5 +41,6 @@ def test_the_step_bound_holds_under_every_stack(stack):
 
 def test_the_check_sees_a_floor_that_is_too_high(monkeypatch):
     real = bounds.Factorisation.floor
-    monkeypatch.setattr(bounds.Factorisation, "floor", lambda self, *a: 3 * real(self, *a))  # the floor binds: three times it does not hold
+    # the floor binds: three times it no longer holds
+    monkeypatch.setattr(bounds.Factorisation, "floor", lambda self, *a: 3 * real(self, *a))
     assert _violations("data-parallel-16", "megatron-core")

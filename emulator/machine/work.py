@@ -133,8 +133,6 @@ def concat(module, *works):
                 sum((w.recompute for w in works), ()), sum((w.notes for w in works), ()))
 
 
-
-
 def table(work, times=None):
     """Every item of ``work`` a line, pass by pass; ``times(item)`` (seconds) adds a column."""
     lines = [f"{work.module}:"]

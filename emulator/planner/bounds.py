@@ -205,7 +205,7 @@ def step_bound(part, kinds, times, z, sched, v, m):
         w, h = [x[0] + x[1] for x in ps], [x[2] + x[3] for x in ps]
         tails = part.tails(kinds, z, 0)
         best = 0.0
-        classes, (held_first, held_last, chain_last) = _time_classes(p, v, part.model.n_layers)
+        classes, (held_first, _, _) = _time_classes(p, v, part.model.n_layers)
         ranks = _last_rank_of(p, v, part.model.n_layers)
         for held, chain in classes:
             g = _dot(chain, f) + m * _dot(held, w)
@@ -213,10 +213,8 @@ def step_bound(part, kinds, times, z, sched, v, m):
                 g = max(g, m * _dot(held, h))
             best = max(best, g + part.optimizer(_dot(held, upd), 0) + _dot(held, tails) +
                        part.floor(kinds, z, ranks[held], v))
-        first = part.optimizer(_dot(held_first, upd), 0) + _dot(held_first, tails) + part.floor(kinds, z, 0, v)
-        if p > 1 and _ends_with_backward(sched, p, v):
-            best = max(best, _dot(chain_last, w) + m * _dot(held_last, w) + first)
-        if p > 1:
+        if p > 1:  # rule 2, for every rank that ends on a backward of chunk 0 (the last rank among them)
+            first = part.optimizer(_dot(held_first, upd), 0) + _dot(held_first, tails) + part.floor(kinds, z, 0, v)
             for held, chain in _backward_classes(sched, p, v, part.model.n_layers):
                 best = max(best, _dot(chain, w) + m * _dot(held, w) + first)
         return best

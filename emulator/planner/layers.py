@@ -48,7 +48,8 @@ class Layer:
     grad_out: float
     ops: dict = field(default_factory=dict)  # "F", "B", "W", "F0" -> items of the modules' declarations
     transient: tuple = (0, 0)  # buffers held only while its forward, its backward, runs (ring attention's K/V)
-    times: dict = field(default_factory=dict, repr=False, compare=False)  # seconds of its passes, by the groups that time them
+    # seconds of its passes, by the groups that time them (a cache: two layers alike compare equal)
+    times: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 def _ops(work, extra_f=(), extra_b=()):

@@ -75,7 +75,7 @@ class MeshPlanner(W.VBox):
         powers = [2**k for k in range(0, 12)]
         self.gpus = W.SelectionSlider(options=powers[3:], value=gpus, description="GPUs")
         self.per_node = W.SelectionSlider(options=[4, 8, 16], value=gpus_per_node, description="GPUs/node")
-        # a fine step, so the slider holds the size asked for (its default step, 0.2 in the exponent, turns 70e9 into 63e9)
+        # a fine step, so the slider holds the size asked for (its default, 0.2 in the exponent, turns 70e9 into 63e9)
         self.n_params = W.FloatLogSlider(value=n_params, base=10, min=9, max=12, step=0.001, description="N params")
         self.layers = W.IntSlider(value=layers, min=8, max=128, description="layers L")
         self.dp = W.SelectionSlider(options=powers, value=dp, description="DP")
