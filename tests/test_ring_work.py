@@ -5,6 +5,8 @@ import pickle
 
 import pytest
 
+from emulator.errors import ConfigError
+
 from emulator.machine.ring_work import RingAttention
 from emulator.parallel.context_parallel.ring import blocks, step_blocks
 from emulator.planner import cluster_preset
@@ -89,3 +91,9 @@ def test_a_ring_hashes_as_its_fields_and_survives_pickling():
     assert copy == a and hash(copy) == hash(a) and {a: 1}[copy] == 1
     copy.__dict__["_hash"] = (-1, 12345)  # a hash kept by another process is computed again
     assert hash(copy) == hash(a)
+
+
+@pytest.mark.parametrize("rank", [-1, 4, 5])
+def test_a_rank_outside_the_ring_is_refused(rank):
+    with pytest.raises(ConfigError, match=f"over 4 ranks has no rank {rank}"):
+        step_blocks(rank, 4, 8, True, "zigzag")

@@ -57,6 +57,8 @@ def blocks(rank, src, size, n_local, causal, layout, masks=True):
 def step_blocks(rank, size, n_local, causal, layout):
     """Per ring step t (K/V of rank ``(rank - t) % size``), the (query rows, key rows) of each
     block :func:`blocks` computes on ``rank``: what ring attention's declared work holds."""
+    if not 0 <= rank < size:
+        raise ConfigError(f"ring attention over {size} ranks has no rank {rank}: pass a rank in 0..{size - 1}")
     return tuple(tuple((r.stop - r.start, k.stop - k.start) for r, k, _ in
                        blocks(rank, (rank - t) % size, size, n_local, causal, layout, masks=False))
                  for t in range(size))
