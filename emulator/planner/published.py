@@ -8,7 +8,8 @@ differently, so the prediction is counted the same way as the row it stands besi
   Clusters Using Megatron-LM", SC21, arXiv:2104.04473), Table 1, also printed as an image in
   the Megatron-LM README until July 2024 (``images/cases_april2021.png``): GPT models of
   1.7B to 1T parameters on Selene (DGX A100 80 GB, 8 HDR NICs per node), sequence 2048,
-  vocabulary 51,200. Their FLOPs per step, 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) (the
+  vocabulary 51,200, tensor parallelism without sequence parallelism (which came a year
+  later, with Korthikanti et al. 2022). Their FLOPs per step, 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) (the
   paper's section 5.1), count the recomputed forward pass: full activation recomputation.
 * **Megatron-LM README** (``images/model_table.png``, commit f2e5db4 of July 2024, Megatron-
   Core r0.8.0): GPT models of 1.7B to 462B on H100 with data parallelism 48, sequence 4096,
@@ -23,7 +24,8 @@ differently, so the prediction is counted the same way as the row it stands besi
   Counted here as the planner's MFU counts (6N plus attention over the whole sequence).
 
 Each row is evaluated with its published axes and one sequence per micro-batch; what its
-source does not state (the schedule: 1F1B or interleaved with 2 chunks; the ZeRO stage;
+source does not state (the schedule: 1F1B or interleaved with 2 chunks, where the code the
+source ran could build it, :mod:`~emulator.planner.interleaving`; the ZeRO stage;
 recomputation, unless stated) is searched, and the fastest plan that fits is the
 prediction (:func:`predict`). The device model is the emulator's, calibrated from
 kernel figures only (:mod:`emulator.machine.device_calibration`); nothing here is fitted
@@ -35,6 +37,8 @@ from dataclasses import dataclass
 from ..parallel.dims import ParallelDims
 from .cluster import cluster_preset
 from .evaluate import evaluate
+from .interleaving import ANY, MEGATRON_CORE_R08, MEGATRON_V25, Interleaving
+from .interleaving import LLAMA3 as LLAMA3_PIPELINE
 from .models import model_preset
 
 NARAYANAN = "Narayanan et al. 2021, Table 1 (arXiv:2104.04473)"
@@ -59,6 +63,7 @@ class PublishedRun:
     stated: str  # settings the source states, fixed here
     stack: str = "megatron-core"  # the software stack it ran (emulator.machine.stack), from what its source says
     stack_source: str = ""  # why that stack
+    interleaving: Interleaving = ANY  # the interleaved pipelines its code could build
 
     @property
     def dp(self):
@@ -91,9 +96,11 @@ STACK_LLAMA3 = ("Meta's training code is not public; section 3.3.2 describes Meg
 
 def _narayanan(name, tp, pp, gpus, batch, tflops):
     return PublishedRun(NARAYANAN, f"megatron-{name}", gpus, tp, pp, 1, batch, 2048, tflops, "narayanan", "a100",
-                        _dims(gpus, tp, pp, 1, batch).replace(recompute="full"),
-                        "full recomputation (section 5.1; their FLOP count includes it)", "megatron-2021",
-                        STACK_NARAYANAN)
+                        _dims(gpus, tp, pp, 1, batch).replace(recompute="full", sequence_parallel=False),
+                        "full recomputation (section 5.1; their FLOP count includes it); no sequence parallelism "
+                        "(it came with Korthikanti et al. 2022: Megatron-LM v2.5, e269e200, has no "
+                        "--sequence-parallel, so norms and dropout run whole on every tensor-parallel rank)",
+                        "megatron-2021", STACK_NARAYANAN, MEGATRON_V25)
 
 
 def _megatron(name, tp, pp, gpus, batch, tflops):
@@ -101,13 +108,13 @@ def _megatron(name, tp, pp, gpus, batch, tflops):
                         _dims(gpus, tp, pp, 1, batch).replace(zero_stage=1),
                         "the distributed optimizer (ZeRO-1): --overlap-param-gather, which the README names, "
                         "requires it (megatron/training/arguments.py, d98e8a6, lines 1024-1027)", "megatron-core",
-                        STACK_MEGATRON)
+                        STACK_MEGATRON, MEGATRON_CORE_R08)
 
 
 def _llama(gpus, cp, dp, seq, tflops):
     batch = 16 * 2**20 // seq
     return PublishedRun(LLAMA3, "llama3-405b", gpus, 8, 16, cp, batch, seq, tflops, "mfu", "h100",
-                        _dims(gpus, 8, 16, cp, batch), "", "megatron-core", STACK_LLAMA3)
+                        _dims(gpus, 8, 16, cp, batch), "", "megatron-core", STACK_LLAMA3, LLAMA3_PIPELINE)
 
 
 RUNS = [
@@ -140,27 +147,29 @@ def why_off(est, published_tflops, predicted_tflops, target=TARGET):
     return ("fast" if err > 0 else "slow"), shares
 
 
-def settings(base, n_layers):
+def settings(base, n_layers, interleaving=ANY):
     """The plans tried for a published mesh ``base`` (its axes fixed), grouped by
     schedule: each setting the source does not state (the schedule: 1F1B, or interleaved
-    with 2 chunks where the micro-batches divide; the ZeRO stage unless ``base`` has one;
+    with 2 chunks where the micro-batches divide and the source's code could build it,
+    :mod:`~emulator.planner.interleaving`; the ZeRO stage unless ``base`` has one;
     recomputation unless ``base`` has one), in the order a person tries them: least
     recomputation first (it adds compute), then the lowest ZeRO stage (ZeRO-1/2 leave
     collectives after the pipeline, ZeRO-3 gathers every layer), the first that fits kept."""
     scheds = [dict(schedule="1f1b", v=1)]
-    if base.pp > 1 and base.micro_batches % base.pp == 0 and 2 * base.pp <= n_layers:
+    if (base.pp > 1 and base.micro_batches % base.pp == 0 and 2 * base.pp <= n_layers
+            and not interleaving.problem(n_layers, base.pp, 2)):
         scheds.append(dict(schedule="interleaved_1f1b", v=2))
     recomputes = [base.recompute] if base.recompute != "none" else ["none", "selective", "full"]
     stages = [base.zero_stage] if base.zero_stage else [0, 1, 2, 3]
     return [[base.replace(zero_stage=z, recompute=r, **sc) for r in recomputes for z in stages] for sc in scheds]
 
 
-def fastest_fitting(model, cluster, base, seq_len, tokens, stack=None):
+def fastest_fitting(model, cluster, base, seq_len, tokens, stack=None, interleaving=ANY):
     """The Estimate of the fastest of :func:`settings` that fits in HBM (per schedule the
     first that fits, then the faster of those); if none fits, the one needing the least
     memory (its estimate says by how much it does not fit)."""
     picks, smallest = [], None
-    for group in settings(base, model.n_layers):
+    for group in settings(base, model.n_layers, interleaving):
         for dims in group:
             est = evaluate(model, cluster, dims, seq_len, tokens, stack=stack)
             if est.step_time is None:
@@ -179,5 +188,6 @@ def predict(run):
     them)."""
     model = model_preset(run.model)
     cluster = cluster_preset(run.cluster, nodes=run.gpus // 8)
-    est = fastest_fitting(model, cluster, run.dims, run.seq_len, run.batch * run.seq_len, run.stack)
+    est = fastest_fitting(model, cluster, run.dims, run.seq_len, run.batch * run.seq_len, run.stack,
+                          run.interleaving)
     return est, step_flops(run, model) / est.step_time / run.gpus / 1e12
