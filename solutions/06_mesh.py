@@ -518,8 +518,10 @@ for run in [r for r in RUNS if r.flops == "narayanan"]:
 # Megatron-LM README's H100 table, Llama 3 405B's Table 4), counted as each source counts
 # FLOPs, timed as the software each source ran runs it (the 2021 rows on Megatron-LM as it
 # was then, attention without FlashAttention; the rest on Megatron-Core with Transformer
-# Engine), the settings it does not state searched. *Predict first*: will the misses come
-# out too fast or too slow?
+# Engine), the settings it does not state searched among those its code could run (the
+# 2021 rows without sequence parallelism, which Megatron-LM did not have until 2022, and
+# interleaved only where Megatron's checks let the layers split into equal chunks). *Predict
+# first*: will the misses come out too fast or too slow?
 
 # %%
 rows, predictions = [], []
@@ -535,7 +537,7 @@ plt.show()
 print(f"{sum(abs(q / p - 1) <= TARGET for _, p, q in rows)} of {len(rows)} within {TARGET:.0%}")
 
 # %% [markdown]
-# Eighteen of the 22 rows are within 15%, and the four outside it are all too fast: the
+# Nineteen of the 22 rows are within 15%, and the three outside it are all too fast: the
 # published step took longer than every kernel, launch, collective and bubble the planner
 # charges. Where each predicted step goes, as shares of it, with a black tick where the
 # published step ended:
@@ -555,13 +557,14 @@ for run, e, tf in predictions:
 
 # %% [markdown]
 # GEMMs are about two thirds of almost every step; the rest differs by row. The 2021 rows
-# spend a tenth of theirs in memory-bound kernels, the attention scores that went through
-# HBM before FlashAttention among them; the H100 177B row spends a third in collectives
-# and the bubble that Megatron overlaps as far as its flags let it. The small H100 models
-# miss the most, and no part of their predicted step is large enough to explain it: the
-# 1.7B row's published step is 43% longer than everything the planner charges. Those
-# misses stay misses: no rate was tuned to close a gap, since the rows are a test set
-# (`python -m benchmarks.planner` prints the same table).
+# spend a tenth to a fifth of theirs in memory-bound kernels: the attention scores that
+# went through HBM before FlashAttention and, with tensor parallelism, norms and dropout
+# run whole on every rank; the H100 177B row spends a third in collectives and the bubble
+# that Megatron overlaps as far as its flags let it. The small H100 models miss the most,
+# and no part of their predicted step is large enough to explain it: the 1.7B row's
+# published step is 43% longer than everything the planner charges. Those misses stay
+# misses: no rate was tuned to close a gap, since the rows are a test set (`python -m
+# benchmarks.planner` prints the same table).
 #
 # **Llama 3 405B** (the Llama 3 paper, section 3.3.2 and Table 4) pretrained on 16,384 H100s
 # with TP 8, CP 1, PP 16, DP 128, and extended its context to 131,072 tokens with CP 16 and
