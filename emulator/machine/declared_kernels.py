@@ -12,6 +12,7 @@ each knows its FLOPs and the bytes it reads and writes in HBM.
 """
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import ClassVar
 
 from .dtypes import dtype_bytes
@@ -51,6 +52,11 @@ class Gemm:
     def shape(self):
         return (self.m, self.n, self.k)
 
+    @cached_property
+    def timing_key(self):
+        """Everything its time depends on (all but its name): equal keys, equal seconds."""
+        return ("gemm", self.m, self.n, self.k, self.dtype, self.count, self.out_dtype, self.accumulate)
+
     def __str__(self):
         batch = f"{self.count} x " if self.count > 1 else ""
         acc = ", += into " + (self.out_dtype or self.dtype) if self.accumulate else ""
@@ -83,6 +89,11 @@ class Attention:
     def shape(self):
         return (self.b, self.h, self.s_q, self.s_k, self.d, self.passes, float(self.fraction))
 
+    @cached_property
+    def timing_key(self):
+        """Everything its time depends on (all but its name)."""
+        return ("attention",) + self.shape + (self.dtype, self.impl)
+
     def __str__(self):
         mask = f", {self.fraction:.2f} of the blocks" if self.fraction < 1 else ""
         what = "forward" if self.passes <= 2 else "backward"
@@ -102,6 +113,11 @@ class Memory:
     @property
     def nbytes(self):
         return float(self.read + self.written)
+
+    @cached_property
+    def timing_key(self):
+        """Everything its time depends on (all but its name)."""
+        return ("memory", self.op, self.read, self.written)
 
     def __str__(self):
         return f"{self.op}: reads {_mb(self.read)}, writes {_mb(self.written)}"

@@ -1,0 +1,42 @@
+"""The planner times a declared kernel by what its time depends on, not by its name: the
+experts of an MoE layer are timed once, and a kernel that differs in any other field is
+never given another's seconds."""
+
+from dataclasses import fields, replace
+
+import pytest
+
+from emulator.machine.device import Device
+from emulator.machine.stack import stack_preset
+from emulator.machine.work import Attention, Gemm, Memory
+from emulator.parallel import ParallelDims
+from emulator.planner import cluster_preset
+from emulator.planner.timer import Timer
+
+KERNELS = [Gemm("moe: experts: 0 fc1", 4096, 2048, 7168, "bf16", 1, "fp32", True),
+           Attention("attention: core", 1, 16, 4096, 4096, 128, 2, 0.5),
+           Memory("ln1", "norm", 16.8e6, 16.8e6)]
+CHANGED = {"m": 4097, "n": 2049, "k": 7169, "dtype": "fp32", "count": 2, "out_dtype": "bf16", "accumulate": False,
+           "b": 2, "h": 8, "s_q": 2048, "s_k": 2048, "d": 64, "passes": 5, "fraction": 1.0, "impl": "unfused",
+           "op": "residual", "read": 1e6, "written": 2e6}
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.kind)
+def test_a_kernels_timing_key_ignores_its_name_and_nothing_else(kernel):
+    assert replace(kernel, name="another name").timing_key == kernel.timing_key
+    for f in fields(kernel):
+        if f.name != "name":
+            assert replace(kernel, **{f.name: CHANGED[f.name]}).timing_key != kernel.timing_key, f.name
+
+
+def test_the_timer_gives_each_kernel_its_own_seconds_whatever_timed_before():
+    cluster = cluster_preset("h100", nodes=1)
+    timer = Timer(cluster, ParallelDims(dp=8), stack_preset("megatron-core"))
+    device = cluster.device
+    assert isinstance(device, Device)
+    for kernel in KERNELS:
+        renamed = replace(kernel, name="expert 7")
+        launch = timer.stack.launch if kernel.kind == "memory" else 0.0
+        assert timer.op(kernel, 0) == timer.op(renamed, 3) == device.time(kernel) + launch
+    small, big = KERNELS[0], replace(KERNELS[0], m=8 * KERNELS[0].m)
+    assert timer.op(small, 0) < timer.op(big, 0) == device.time(big)
