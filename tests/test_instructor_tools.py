@@ -57,8 +57,9 @@ def class_folder(subs):
     put("alice/00_collectives.ipynb", filled())
     put("bob/00_collectives.ipynb", filled(wrong=ALGBW))
     put("carol/00_collectives.ipynb", filled(after={"Exercise 0.3": "import os\nos._exit(3)  # the kernel dies"}))
-    put("dave/00_collectives.ipynb", filled(after={"Exercise 0.2": "import signal\nsignal.signal(signal.SIGINT, "
-                                                                     "signal.SIG_IGN)\nwhile True:\n    pass"}))
+    # a wait that ignores interrupts (it sleeps, leaving the CPU to the tests beside it)
+    wait = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    time.sleep(0.05)"
+    put("dave/00_collectives.ipynb", filled(after={"Exercise 0.2": wait}))
     put("erin/00_collectives.ipynb", filled(skip=("Exercise 0.4", "Napkin 0.3"),
                                             after={"Napkin 0.1": "while True:  # forgot to stop\n    pass"}))
     put(".backup/00_collectives.2025-01-01T00-00-00.ipynb", filled())  # hidden: not a submission

@@ -1,7 +1,8 @@
-"""What runs where an optional part of the stack is missing: every solution notebook with
-torch's import blocked (lesson 05 compares with torch only where it is, and says when it
-skipped), and the planner, the formulas, the cost model and ParallelDims with greenlet's
-import blocked (greenlet is imported only when a World runs, which then says it is missing)."""
+"""What runs where an optional part of the stack is missing: the solution notebooks that
+compare with torch where it is (lesson 05), with torch's import blocked, saying what they
+skipped (the others run once, in tests/test_notebooks.py, in a kernel without torch), and
+the planner, the formulas, the cost model and ParallelDims with greenlet's import blocked
+(greenlet is imported only when a World runs, which then says it is missing)."""
 
 import subprocess
 import sys
@@ -12,9 +13,10 @@ import pytest
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell
 
+from tests._torch_block import BLOCK, blocked_ipython_dir, imports_torch
+
 ROOT = Path(__file__).resolve().parent.parent
-SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
-BLOCK = "import sys; sys.modules['torch'] = None"  # every `import torch` then raises ImportError
+SOLUTIONS = [p for p in sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb")) if imports_torch(p.stem)]
 PROOF = "try:\n    import torch\nexcept ImportError as e:\n    print('torch blocked:', e)\nelse:\n    print('torch')"
 
 
@@ -32,6 +34,10 @@ def problems(nb):
 
 def text(nb):
     return "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+
+
+def test_only_the_lessons_that_compare_with_torch_run_twice():
+    assert [p.stem for p in SOLUTIONS] == ["05_expert_parallel"]
 
 
 @pytest.mark.slow
@@ -95,3 +101,14 @@ def test_importing_the_library_does_not_import_greenlet_torch_or_matplotlib():
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'greenlet', 'torch', 'matplotlib', 'ipywidgets'}))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == "[]", run.stdout + run.stderr
+
+
+def test_a_kernel_under_the_blocked_ipython_dir_cannot_import_torch(tmp_path, monkeypatch):
+    """The answer keys that never import torch are run in such a kernel
+    (tests/test_notebooks.py): there, an `import torch` fails and the mark says so."""
+    ipython_dir, mark = blocked_ipython_dir(tmp_path)
+    monkeypatch.setenv("IPYTHONDIR", str(ipython_dir))
+    nb = nbformat.v4.new_notebook(cells=[new_code_cell(PROOF)])
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    assert "torch blocked: import of torch halted" in "".join(o.get("text", "") for o in nb.cells[0].outputs)
+    assert mark.read_text() == "None"

@@ -21,6 +21,7 @@ from nbclient.exceptions import CellExecutionError
 
 from emulator.grading import progress
 from tests._notebooks import PIPELINE, ROOT, ids, with_answers
+from tests._torch_block import blocked_ipython_dir, imports_torch
 from tools import build_notebooks as B
 
 LESSONS = [p for p in B.sources() if B.exercises(p)]
@@ -167,15 +168,23 @@ KEYS = sorted((ROOT / "solutions").glob("[0-9]*.ipynb"))
 
 @pytest.mark.slow
 @pytest.mark.parametrize("key", KEYS, ids=[k.stem for k in KEYS])
-def test_the_answer_key_reproduces_its_outputs_on_another_cpu(key):
+def test_the_answer_key_reproduces_its_outputs_on_another_cpu(key, tmp_path):
     """The answer key, run by strict nbval, reproduces every stored output, and does so on
     another CPU: nbval compares printed text exactly, so a digit of float32 round-off
     printed by a cell would fail on a grader's machine with other BLAS kernels (print a
     checked bound instead, or a float64 round-off, which tools/nbval_sanitize.cfg masks).
     This is the one run of each answer key in the suite; the notebooks were built, and their
-    outputs stored, on this machine's own kernels."""
+    outputs stored, on this machine's own kernels. A lesson that never imports torch runs in
+    a kernel where torch cannot be imported (tests/_torch_block.py), which proves it needs
+    none; one that compares with torch runs with it (and again without it, in
+    tests/test_missing_dependencies.py)."""
+    env = {**os.environ, **OTHER_CPU}
+    mark = None
+    if not imports_torch(key.stem):
+        env["IPYTHONDIR"], mark = (str(x) for x in blocked_ipython_dir(tmp_path))
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(key.relative_to(ROOT))],
-                         capture_output=True, text=True, cwd=ROOT, timeout=900, env={**os.environ, **OTHER_CPU})
+                         capture_output=True, text=True, cwd=ROOT, timeout=900, env=env)
     assert run.returncode == 0, f"{key.name} on another CPU's kernels:\n" + run.stdout[-6000:]
     assert re.search(r"\d+ passed", run.stdout) and " failed" not in run.stdout, run.stdout[-2000:]
-
+    if mark:  # the kernel ran without torch
+        assert open(mark).read() == "None", f"{key.name}: torch in the kernel's sys.modules: {open(mark).read()}"
