@@ -118,35 +118,60 @@ class Timer:
         def add(key, t):
             out[key] = out.get(key, 0.0) + t
 
-        i, n = 0, len(ops)
+        for step in self._steps(ops):
+            tag = step[0]
+            if tag == "ring_exchange":
+                _, o, g, n = step
+                add("gemm", g)
+                add(_role(o.group), ring_exchange(g, self.op(o, r), n) - g)
+            elif tag == "pipeline":
+                _, o, g, splits, sms = step
+                add("gemm", g)
+                add(_role(o.group), pipelined(g * sm_slowdown(self.device.sms, sms), self.op(o, r), splits) - g)
+            elif tag == "op":
+                o = step[1]
+                t = self.op(o, r)
+                if isinstance(o, RingAttention):
+                    k = sum(n * self.op(x, r) for kernels, n in o.distinct for x in kernels)
+                    add("attention", min(k, t))
+                    add(_role(o.group), max(0.0, t - k))
+                else:
+                    add(_role(o.group), t)
+            else:  # a kernel on its own: its kind and seconds
+                add(tag, step[1])
+        return out
+
+    def _steps(self, ops):
+        """``ops`` read once for this device and stack (kept while ``ops``, a tuple, lives):
+        each kernel on its own as (kind, seconds); a Transformer Engine pair as
+        ("ring_exchange", its all-gather, the GEMM's seconds, chunks) or ("pipeline", its
+        reduce-scatter, the GEMM's seconds, splits, SMs taken); anything else as ("op", op),
+        timed per rank. The same sums, in the same order, as op by op."""
+        key = (id(ops), self.device, self.stack.launch)
+        hit = _STEPS.get(key)
+        if hit is not None and hit[0] is ops:
+            return hit[1]
+        steps, i, n = [], 0, len(ops)
         while i < n:
             o = ops[i]
             nxt = ops[i + 1] if i + 1 < n else None
             ov = getattr(o, "overlap", None)
             if ov and ov[0] == "ring_exchange" and getattr(nxt, "kind", None) == "gemm":
-                g = self.op(nxt, r)
-                add("gemm", g)
-                add(_role(o.group), ring_exchange(g, self.op(o, r), ov[1]) - g)
+                steps.append(("ring_exchange", o, self.op(nxt, 0), ov[1]))
                 i += 2
                 continue
             nov = getattr(nxt, "overlap", None)
             if getattr(o, "kind", None) == "gemm" and nov and nov[0] == "pipeline":
-                g = self.op(o, r)
-                add("gemm", g)
-                add(_role(nxt.group), pipelined(g * sm_slowdown(self.device.sms, nov[2]), self.op(nxt, r), nov[1]) - g)
+                steps.append(("pipeline", nxt, self.op(o, 0), nov[1], nov[2]))
                 i += 2
                 continue
-            t = self.op(o, r)
-            if is_kernel(o):
-                add(o.kind, t)
-            elif isinstance(o, RingAttention):
-                k = sum(n * self.op(x, r) for kernels, n in o.distinct for x in kernels)
-                add("attention", min(k, t))
-                add(_role(o.group), max(0.0, t - k))
-            else:
-                add(_role(o.group), t)
+            steps.append((o.kind, self.op(o, 0)) if is_kernel(o) else ("op", o))
             i += 1
-        return out
+        if isinstance(ops, tuple):
+            if len(_STEPS) > 1 << 14:
+                _STEPS.clear()
+            _STEPS[key] = (ops, steps)
+        return steps
 
     def bulk_saving(self, layer, r):
         """Seconds an unsplit backward saves by running each part's all-gather of its input
@@ -185,6 +210,7 @@ class Timer:
 
 
 _KERNEL_SECONDS = {}
+_STEPS = {}  # (id of a pass's ops, device, launch) -> (those ops, their steps): Timer._steps
 
 
 def _kernel_seconds(device, launch, kernel):
