@@ -40,3 +40,30 @@ def test_the_timer_gives_each_kernel_its_own_seconds_whatever_timed_before():
         assert timer.op(kernel, 0) == timer.op(renamed, 3) == device.time(kernel) + launch
     small, big = KERNELS[0], replace(KERNELS[0], m=8 * KERNELS[0].m)
     assert timer.op(small, 0) < timer.op(big, 0) == device.time(big)
+
+
+
+@pytest.mark.parametrize("dims", [ParallelDims(dp=2, ep=2), ParallelDims(dp=2, tp=4, ep=2, sequence_parallel=True)],
+                         ids=["ep", "tp-overlapped"])
+def test_a_pass_timed_from_its_kept_steps_sums_as_item_by_item(dims):
+    """The timer reads a pass's items once per device and stack: asked again it must give the
+    same sums, those of the items timed one by one where nothing overlaps, and a pass that
+    differs in its GEMMs must not be given the first pass's seconds."""
+    from emulator.planner import model_preset
+    from emulator.planner.layers import rank_layers
+    from emulator.planner.precision_of import plan_context
+
+    timer = Timer(cluster_preset("h100", nodes=2), dims, stack_preset("megatron-core"))
+    block, = rank_layers(model_preset("mixtral-8x22b"), dims, 1, 4096, plan_context(), ["blocks.0"])
+    ops = block.ops["F"]
+    first = timer.categories(ops, 0)
+    assert timer.categories(ops, 0) == first
+    if dims.tp == 1:  # no Transformer Engine pairs: each kernel's seconds, added in order
+        for kind in ("gemm", "memory", "attention"):
+            expected = 0.0
+            for o in ops:
+                if getattr(o, "kind", None) == kind:
+                    expected += timer.op(o, 0)
+            assert first[kind] == expected, kind
+    grown = tuple(replace(o, m=2 * o.m) if getattr(o, "kind", None) == "gemm" else o for o in ops)
+    assert timer.categories(grown, 0)["gemm"] > first["gemm"]

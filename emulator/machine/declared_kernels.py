@@ -12,10 +12,10 @@ each knows its FLOPs and the bytes it reads and writes in HBM.
 """
 
 from dataclasses import dataclass
-from functools import cached_property
 from typing import ClassVar
 
 from .dtypes import dtype_bytes
+from .frozen import computed_once
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class Gemm:
     def shape(self):
         return (self.m, self.n, self.k)
 
-    @cached_property
+    @computed_once
     def timing_key(self):
         """Everything its time depends on (all but its name): equal keys, equal seconds."""
         return ("gemm", self.m, self.n, self.k, self.dtype, self.count, self.out_dtype, self.accumulate)
@@ -89,7 +89,7 @@ class Attention:
     def shape(self):
         return (self.b, self.h, self.s_q, self.s_k, self.d, self.passes, float(self.fraction))
 
-    @cached_property
+    @computed_once
     def timing_key(self):
         """Everything its time depends on (all but its name)."""
         return ("attention",) + self.shape + (self.dtype, self.impl)
@@ -114,7 +114,7 @@ class Memory:
     def nbytes(self):
         return float(self.read + self.written)
 
-    @cached_property
+    @computed_once
     def timing_key(self):
         """Everything its time depends on (all but its name)."""
         return ("memory", self.op, self.read, self.written)

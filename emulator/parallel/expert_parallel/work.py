@@ -1,6 +1,8 @@
 """The declaration of an MoE layer's work on a rank (:class:`~emulator.machine.work.Work`):
 the router, the count exchange, the all-to-alls each way and each local expert's kernels."""
 
+from functools import lru_cache
+
 from ...machine import elementwise
 from ...machine.work import AllToAll, Collective, Gemm, Memory, Work, dtype_bytes
 from ..tensor_parallel.regions_work import region_gather, region_gather_back, region_reduce, region_reduce_back, wgrad
@@ -9,22 +11,29 @@ from ..tensor_parallel.regions_work import region_gather, region_gather_back, re
 def expert_kernels(s, ctx, counts, backward=False):
     """The GEMMs and activations of this rank's experts on ``counts`` rows each (the
     declaration's even share, or, in a run, the rows routing sent them)."""
-    st, c, w = ctx.stack, ctx.dtype("compute"), s.widen
+    shape = (s.d, s.ff, s.widen, s.mlp, s.bias)
     out = ()
     for e, n in enumerate(counts):
-        if not n:
-            continue
-        name = f"moe: experts{' backward' if backward else ''}: {e}"
-        if not backward:
-            out += (Gemm(f"{name} fc1", n, w * s.ff, s.d, c),) + \
-                elementwise.activation(st, f"{name} activation", n, s.ff, c, s.mlp, s.bias) + \
-                (Gemm(f"{name} fc2", n, s.d, s.ff, c),)
-        else:
-            out += (Gemm(f"{name} fc2 dgrad", n, s.ff, s.d, c),) + \
-                elementwise.activation_backward(st, f"{name} activation", n, s.ff, c, s.mlp) + \
-                (Gemm(f"{name} fc1 dgrad", n, s.d, w * s.ff, c),) + wgrad(ctx, f"{name} fc2 wgrad", s.ff, s.d, n) + \
-                wgrad(ctx, f"{name} fc1 wgrad", s.d, w * s.ff, n)
+        if n:
+            out += _expert(ctx, shape, e, n, backward)
     return out
+
+
+@lru_cache(maxsize=1 << 14)
+def _expert(ctx, shape, e, n, backward):
+    """Expert ``e``'s kernels on ``n`` rows: built once, the same objects each time asked
+    (a search declares the same experts for many plans)."""
+    d, ff, w, mlp, bias = shape
+    st, c = ctx.stack, ctx.dtype("compute")
+    name = f"moe: experts{' backward' if backward else ''}: {e}"
+    if not backward:
+        return (Gemm(f"{name} fc1", n, w * ff, d, c),) + elementwise.activation(st, f"{name} activation", n, ff, c, mlp,
+                                                                                 bias) + \
+            (Gemm(f"{name} fc2", n, d, ff, c),)
+    return (Gemm(f"{name} fc2 dgrad", n, ff, d, c),) + \
+        elementwise.activation_backward(st, f"{name} activation", n, ff, c, mlp) + \
+        (Gemm(f"{name} fc1 dgrad", n, d, w * ff, c),) + wgrad(ctx, f"{name} fc2 wgrad", ff, d, n) + \
+        wgrad(ctx, f"{name} fc1 wgrad", d, w * ff, n)
 
 
 def moe_work(s, ctx):
