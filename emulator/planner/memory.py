@@ -21,6 +21,7 @@ layer and returns every rank's peak and its breakdown, as the ledger records the
 """
 
 from functools import lru_cache
+from types import MappingProxyType
 
 import numpy as np
 
@@ -36,13 +37,15 @@ def padded(elems, n):
     return -(-elems // n) * n
 
 
+@lru_cache(maxsize=64)
 def byte_sizes(ctx):
     """Bytes per parameter element, by what holds or sends it, under ``ctx``'s precision
     policy: the weights, the gradients, the optimizer (master copy and two moments), ZeRO's
-    all-gather of the weights, the data-parallel reduction."""
+    all-gather of the weights, the data-parallel reduction. Read-only: one table per policy."""
     per = ctx.precision.bytes_per_param(default=ctx.array)
-    return {"params": per["params"], "grads": per["grads"], "optimizer": per["optimizer"],
-            "gather": dtype_bytes(ctx.dtype("param_gather")), "reduce": dtype_bytes(ctx.dtype("grad_reduce"))}
+    return MappingProxyType({"params": per["params"], "grads": per["grads"], "optimizer": per["optimizer"],
+                             "gather": dtype_bytes(ctx.dtype("param_gather")),
+                             "reduce": dtype_bytes(ctx.dtype("grad_reduce"))})
 
 
 class Units:
