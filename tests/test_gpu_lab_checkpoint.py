@@ -3,27 +3,26 @@ and 4 processes, a save on 4 loaded on 2, a rank killed mid-step that torchrun's
 agent restarts from the last checkpoint, each ending equal to a single-process run; a bad
 restart and a missing setting are caught."""
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+from tests import _launch
+
 LAB = "gpu_labs.07_checkpoint"  # run as torchrun -m runs it, from the course's folder
 pytestmark = pytest.mark.slow
 
 
 def torchrun(n, *flags, restarts=0, share_store=False):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    if not share_store:
-        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    return subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", str(n), "--max-restarts", str(restarts),
-                           "-m", LAB, "--backend", "gloo", *flags], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=600)
+    """Under torchrun: its elastic agent restarts the ranks (``restarts``); the lab's kill
+    needs the agent's store unshared."""
+    env = _launch.lab_env() if share_store else _launch.lab_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    return _launch.torchrun(n, LAB, *flags, max_restarts=restarts, env=env)
+
+
+def forked(n, *flags):
+    """The same ranks, forked from one process that imported torch once (:mod:`tests._launch`)."""
+    return _launch.forked(n, LAB, *flags)
 
 
 def ok_line(out):
@@ -34,7 +33,7 @@ def ok_line(out):
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_save_every_two_steps_and_end_equal_to_one_process(n, tmp_path):
-    out = torchrun(n, "--fresh", "--steps", "6", "--ckpt-dir", str(tmp_path))
+    out = forked(n, "--fresh", "--steps", "6", "--ckpt-dir", str(tmp_path))
     assert ok_line(out) == (6, 0, 0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000004", "step_00000006"]
     assert all((p / ".metadata").exists() and len(list(p.glob("*.distcp"))) == n for p in tmp_path.iterdir())
@@ -42,9 +41,9 @@ def test_save_every_two_steps_and_end_equal_to_one_process(n, tmp_path):
 
 
 def test_saved_on_four_ranks_resumed_on_two(tmp_path):
-    first = torchrun(4, "--fresh", "--steps", "6", "--stop-after", "3", "--ckpt-dir", str(tmp_path))
+    first = forked(4, "--fresh", "--steps", "6", "--stop-after", "3", "--ckpt-dir", str(tmp_path))
     assert first.returncode == 0 and "stopped after step 3" in first.stdout, first.stderr[-3000:]
-    second = torchrun(2, "--steps", "6", "--ckpt-dir", str(tmp_path))
+    second = forked(2, "--steps", "6", "--ckpt-dir", str(tmp_path))
     assert "resumed from step_00000003: step 3, saved by 4 ranks, loaded on 2" in second.stdout, second.stdout
     assert "DCP's planner and emulator.parallel.reshard agree on all" in second.stdout
     assert ok_line(second) == (6, 3, 0)
@@ -59,8 +58,8 @@ def test_a_rank_killed_mid_step_restarts_from_the_last_checkpoint(tmp_path):
 
 
 def test_a_bad_restart_and_a_missing_setting_fail_loudly(tmp_path):
-    torchrun(2, "--fresh", "--steps", "4", "--stop-after", "2", "--ckpt-dir", str(tmp_path))
-    bad = torchrun(2, "--steps", "4", "--ckpt-dir", str(tmp_path), "--self-test-fault")
+    forked(2, "--fresh", "--steps", "4", "--stop-after", "2", "--ckpt-dir", str(tmp_path))
+    bad = forked(2, "--steps", "4", "--ckpt-dir", str(tmp_path), "--self-test-fault")
     assert bad.returncode != 0 and "differ from the single-process run" in bad.stderr, bad.stderr[-2000:]
     refused = torchrun(2, "--steps", "4", "--kill-rank", "1", "--kill-step", "3", "--ckpt-dir", str(tmp_path),
                        share_store=True)

@@ -3,31 +3,28 @@ tp 2): it trains as one process does, its pipeline and data-parallel calls agree
 emulator's run of the same plan, and it fails, naming the rank, when a parameter is wrong
 or missing or a call is dropped."""
 
-import os
-import subprocess
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 from emulator.records import calls
+from tests import _launch
 
-ROOT = Path(__file__).resolve().parent.parent
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 pytestmark = pytest.mark.slow
 
 
 def torchrun(n, *flags):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    return subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", str(n), "-m", "gpu_labs.06_mesh",
-                           "--backend", "gloo", *flags], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=900)
+    return _launch.torchrun(n, "gpu_labs.06_mesh", *flags, timeout=900)
+
+
+def forked(n, *flags):
+    """The same ranks, forked from one process that imported torch once (:mod:`tests._launch`)."""
+    return _launch.forked(n, "gpu_labs.06_mesh", *flags, timeout=900)
 
 
 @pytest.mark.parametrize("n,pp", [(4, 1), (8, 2)])
 def test_mesh_lab(n, pp, tmp_path):
-    out = torchrun(n, "--pp", str(pp), "--out", str(tmp_path))
+    out = (torchrun if n == 4 else forked)(n, "--pp", str(pp), "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     axes = "dp 2 x tp 2" if pp == 1 else "pp 2 x dp 2 x tp 2"
     assert f"# {n} ranks as {axes}" in out.stdout
@@ -48,7 +45,7 @@ def test_mesh_lab(n, pp, tmp_path):
     ("drop-call", "the calls differ from the emulator's on rank 3: FSDP2 should reduce-scatter each of its 5 units"),
 ])
 def test_mesh_lab_fails_when_a_piece_is_wrong_or_missing(fault, message, tmp_path):
-    out = torchrun(4, "--self-test-fault", fault, "--out", str(tmp_path))
+    out = forked(4, "--self-test-fault", fault, "--out", str(tmp_path))
     assert out.returncode != 0
     failed = [line for line in out.stderr.splitlines() if line.startswith("FAILED on rank")]
     assert any(message in line for line in failed), failed or out.stderr[-3000:]
@@ -56,11 +53,11 @@ def test_mesh_lab_fails_when_a_piece_is_wrong_or_missing(fault, message, tmp_pat
 
 
 def test_a_dropped_pipeline_transfer_is_caught(tmp_path):
-    out = torchrun(8, "--pp", "2", "--self-test-fault", "drop-call", "--out", str(tmp_path))
+    out = forked(8, "--pp", "2", "--self-test-fault", "drop-call", "--out", str(tmp_path))
     assert out.returncode != 0
     assert "the pipeline's sends and receives are not the emulator's" in out.stderr
 
 
 def test_sizes_that_do_not_divide_are_refused(tmp_path):
-    out = torchrun(4, "--tp", "3", "--out", str(tmp_path))
+    out = forked(4, "--tp", "3", "--out", str(tmp_path))
     assert out.returncode != 0 and "TP must divide the 8 heads" in out.stderr

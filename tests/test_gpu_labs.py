@@ -1,12 +1,8 @@
 """Every GPU lab runs on the CPU with gloo, with 1, 2 and 4 processes, in float64, float32
 and bfloat16, on one-axis and two-axis meshes; fails, with a message, when a piece of its
 result or of its trace is wrong or missing; and issues the same calls as the lesson's
-algorithm on the emulator."""
-
-import os
-import subprocess
-import sys
-from pathlib import Path
+algorithm on the emulator. Each lab's 4-process float32 run is launched by torchrun, the
+rest by the tests' forked launcher (:mod:`tests._launch`: the same ranks and environment)."""
 
 import numpy as np
 import pytest
@@ -18,17 +14,24 @@ from emulator.parallel import data_parallel
 from emulator.parallel.tp_block import TensorParallelBlock
 from emulator.training import synthetic_batches, train
 
-ROOT = Path(__file__).resolve().parent.parent
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+from tests import _launch
+
 pytestmark = pytest.mark.slow
+TORCHRUN_CASE = (4, "float32")  # the run of each lab that torchrun itself launches: a GPU user's dtype
 
 
 def torchrun(n, lab, *flags):
     """``lab`` as ``torchrun -m gpu_labs.<lab>`` runs it, from the course's folder."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    return subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", str(n), "-m", f"gpu_labs.{lab}",
-                           "--backend", "gloo", *flags], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=600)
+    return _launch.torchrun(n, f"gpu_labs.{lab}", *flags)
+
+
+def forked(n, lab, *flags):
+    """The same ranks, forked from one process that imported torch once (:mod:`tests._launch`)."""
+    return _launch.forked(n, f"gpu_labs.{lab}", *flags)
+
+
+def launch(n, dtype):
+    return torchrun if (n, dtype) == TORCHRUN_CASE else forked
 
 
 def same_calls(lab_file, world):
@@ -38,7 +41,8 @@ def same_calls(lab_file, world):
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_collectives_lab(n, tmp_path):
-    out = torchrun(n, "00_collectives", "--sizes", "1e3,1e5", "--iters", "2", "--out", str(tmp_path))
+    launch_n = torchrun if n == 4 else forked
+    out = launch_n(n, "00_collectives", "--sizes", "1e3,1e5", "--iters", "2", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"# {n} ranks, backend gloo" in out.stdout
     rows = [line.split() for line in out.stdout.splitlines() if line.strip().startswith(("all_", "reduce_"))]
@@ -87,7 +91,7 @@ FAST = {"00_collectives": ["--sizes", "1e3", "--iters", "1"], "01_data_parallel"
 
 @pytest.mark.parametrize("lab,fault,message", FAULTS, ids=[f"{l[:2]}-{f}" for l, f, _ in FAULTS])
 def test_lab_fails_when_a_piece_is_wrong_or_missing(lab, fault, message, tmp_path):
-    out = torchrun(2, lab, "--self-test-fault", fault, "--out", str(tmp_path),
+    out = forked(2, lab, "--self-test-fault", fault, "--out", str(tmp_path),
                    *FAST.get(lab, ["--iters", "1"]))
     assert out.returncode != 0, out.stdout[-2000:]
     failed = [line for line in out.stderr.splitlines() if line.startswith("FAILED on rank")]
@@ -100,7 +104,7 @@ V, D, H, FF, L, S = 16, 32, 2, 64, 2, 16
 
 @pytest.mark.parametrize("n,dtype", [(2, "float64"), (4, "float64"), (2, "float32"), (4, "float32")])
 def test_data_parallel_lab(n, dtype, tmp_path):
-    out = torchrun(n, "01_data_parallel", "--steps", "2", "--dtype", dtype, "--out", str(tmp_path))
+    out = launch(n, dtype)(n, "01_data_parallel", "--steps", "2", "--dtype", dtype, "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [line.split() for line in out.stdout.splitlines()
              if line.strip().startswith(("DDP", "ZeRO-", "torch", "FSDP2")) and ": its " not in line]
@@ -133,7 +137,7 @@ def test_data_parallel_lab(n, dtype, tmp_path):
 def test_data_parallel_lab_fails_loudly_in_lower_precision(dtype, fault, tmp_path):
     """float32 still sees one wrong gradient element; in bf16, whose tolerance is above
     what one element's wrong Adam step can move a parameter, a missing parameter."""
-    out = torchrun(2, "01_data_parallel", "--steps", "1", "--self-test-fault", fault, "--dtype", dtype, "--out",
+    out = forked(2, "01_data_parallel", "--steps", "1", "--self-test-fault", fault, "--dtype", dtype, "--out",
                    str(tmp_path))
     assert out.returncode != 0
     assert "hand-written ZeRO-1: parameters differ from the single-process run" in out.stderr
@@ -149,7 +153,7 @@ def test_calls_comparison_bites():
 
 @pytest.mark.parametrize("n,dtype", [(2, "float64"), (4, "float64"), (2, "float32"), (4, "float32")])
 def test_tensor_parallel_lab(n, dtype, tmp_path):
-    out = torchrun(n, "02_tensor_parallel", "--dtype", dtype, "--iters", "2", "--out", str(tmp_path))
+    out = launch(n, dtype)(n, "02_tensor_parallel", "--dtype", dtype, "--iters", "2", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     for name in ("by hand", "by hand, SP", "DTensor", "DTensor, SequenceParallel"):
         assert f"{name}: output, input gradient and 16 parameter gradients match" in out.stdout, out.stdout
@@ -177,7 +181,7 @@ def test_tensor_parallel_lab(n, dtype, tmp_path):
 def test_pipeline_lab(n, dtype, tmp_path):
     from emulator.parallel import pipeline as pp
 
-    out = torchrun(n, "03_pipeline", "--dtype", dtype, "--steps", "1", "--out", str(tmp_path))
+    out = launch(n, dtype)(n, "03_pipeline", "--dtype", dtype, "--steps", "1", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     for name in ("1F1B by hand", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B"):
         assert f"{name}: loss and all " in out.stdout and "gradients match one process" in out.stdout, out.stdout
@@ -198,7 +202,7 @@ def test_pipeline_lab(n, dtype, tmp_path):
 def test_context_parallel_lab(n, dtype, tmp_path):
     from emulator.parallel import context_parallel as cp
 
-    out = torchrun(n, "04_context_parallel", "--dtype", dtype, "--iters", "1", "--out", str(tmp_path))
+    out = launch(n, dtype)(n, "04_context_parallel", "--dtype", dtype, "--iters", "1", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     for case in ("full, contiguous", "full, zigzag", "causal, contiguous", "causal, zigzag"):
         assert f"ring attention, {case}: output, dq, dk, dv match the whole-sequence attention" in out.stdout
@@ -219,7 +223,7 @@ def test_context_parallel_lab(n, dtype, tmp_path):
 def test_expert_parallel_lab(n, dtype, tmp_path):
     from emulator.parallel import expert_parallel as ep
 
-    out = torchrun(n, "05_expert_parallel", "--dtype", dtype, "--iters", "1", "--out", str(tmp_path))
+    out = launch(n, dtype)(n, "05_expert_parallel", "--dtype", dtype, "--iters", "1", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"expert parallel, dp 1 x ep {n}: output, input gradient and 5 parameter gradients match" in out.stdout
     assert "(median, slowest rank, no expert compute inside) | emulator's model on H100/H200 NVLink" in out.stdout
@@ -245,14 +249,14 @@ def test_expert_parallel_lab(n, dtype, tmp_path):
                                             ("05_expert_parallel", "--ep", "dp 2 x ep 2")])
 def test_two_axis_mesh(lab, flag, shape, tmp_path):
     """More ranks than one TP/EP group: TP or EP inside the node, DP across (here 2 x 2)."""
-    out = torchrun(4, lab, flag, "2", "--iters", "1", "--out", str(tmp_path))
+    out = forked(4, lab, flag, "2", "--iters", "1", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"# 4 ranks as {shape}" in out.stdout
     assert "the emulator's, call for call" in out.stdout and "OK:" in out.stdout
 
 
 def test_a_group_size_that_does_not_divide_is_refused(tmp_path):
-    out = torchrun(4, "02_tensor_parallel", "--tp", "3", "--iters", "1", "--out", str(tmp_path))
+    out = forked(4, "02_tensor_parallel", "--tp", "3", "--iters", "1", "--out", str(tmp_path))
     assert out.returncode != 0
     assert "4 ranks with --tp 3: TP must divide the block's 8 heads and the 4 ranks" in out.stderr
 
@@ -266,7 +270,7 @@ BF16 = [("01_data_parallel", ["--steps", "1"], "OK: every variant matches"),
 
 @pytest.mark.parametrize("lab,flags,ok", BF16, ids=[b[0][:2] for b in BF16])
 def test_bfloat16(lab, flags, ok, tmp_path):
-    out = torchrun(2, lab, "--dtype", "bfloat16", "--out", str(tmp_path), *flags)
+    out = forked(2, lab, "--dtype", "bfloat16", "--out", str(tmp_path), *flags)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "torch.bfloat16" in out.stdout and "tolerance 0.05 (relative" in out.stdout and ok in out.stdout
 
