@@ -148,3 +148,23 @@ def test_a_folded_collective_waits_for_its_rank_to_wait_as_its_members_would():
     steps = [run_plan(ModelSpec(8, 256, 8, 1024, 2048), cluster, dims, 512, 16 * 512, shape_only=True,
                       fold=fold).run.step_time() for fold in ((), ("dp",))]
     assert steps[1] == pytest.approx(steps[0], rel=1e-3), steps
+
+
+def test_shape_only_broadcasting_is_numpys():
+    """The shape-only arrays' own broadcast rule gives NumPy's shape, or NumPy's error, for
+    every combination of up to three of these shapes (scalars, ones, mismatches)."""
+    import itertools
+
+    from emulator.arrays.shape_only import _broadcast
+
+    dims = [(), (1,), (3,), (1, 3), (2, 1), (2, 3), (4, 1, 3), (4, 2, 3), (1, 1, 1), (5,), (2, 1, 1)]
+    for k in (1, 2, 3):
+        for combo in itertools.product(dims, repeat=k):
+            try:
+                want = np.broadcast_shapes(*combo)
+            except ValueError as e:
+                with pytest.raises(ValueError, match="broadcast"):
+                    _broadcast(list(combo))
+                assert "broadcast" in str(e)
+                continue
+            assert _broadcast(list(combo)) == want, combo

@@ -178,8 +178,8 @@ class ShapeArray(NDArrayOperatorsMixin):
     # ----------------------------------------------------------------- NumPy's protocols
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
         if method == "__call__":
-            shapes = [np.shape(a) if isinstance(a, (np.ndarray, ShapeArray)) else () for a in inputs]
-            shape = matmul_shape(*shapes) if ufunc is np.matmul else np.broadcast_shapes(*shapes)
+            shapes = [a.shape if isinstance(a, (np.ndarray, ShapeArray)) else () for a in inputs]
+            shape = matmul_shape(*shapes) if ufunc is np.matmul else _broadcast(shapes)
             dtypes = ufunc_dtypes(ufunc, tuple(dtype_token(a) for a in inputs), kwargs.get("dtype"))
             results = tuple(ShapeArray(shape, d) for d in dtypes)
         elif method == "reduce":
@@ -209,6 +209,28 @@ class ShapeArray(NDArrayOperatorsMixin):
         if handler is None:
             raise ShapeOnlyError(f"np.{func.__name__} is not supported on shape-only arrays")
         return handler(*args, **kwargs)
+
+
+def _broadcast(shapes):
+    """``np.broadcast_shapes`` without its cost (NumPy's own where the shapes do not fit,
+    for its error)."""
+    out = ()
+    for x in shapes:
+        if x == out or not x:
+            continue
+        if not out:
+            out = x
+            continue
+        long, short = (out, x) if len(out) >= len(x) else (x, out)
+        merged, off = list(long), len(long) - len(short)
+        for i, n in enumerate(short):
+            m = long[off + i]
+            if n != m and n != 1:
+                if m != 1:
+                    return np.broadcast_shapes(*shapes)
+                merged[off + i] = n
+        out = tuple(merged)
+    return out
 
 
 def is_shape_only(x):
