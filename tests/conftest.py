@@ -26,3 +26,11 @@ def within():
             return False
 
     return _Within
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files that hold slow tests run first, each file's tests together and in their
+    order (so a module's fixtures are set up once per worker): the run ends on short tests,
+    which the workers share out evenly (``--dist worksteal`` in the Makefile)."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items[:] = sorted(items, key=lambda item: item.path not in slow)

@@ -31,6 +31,7 @@ def test_plan_memory_plans_cover_every_case_the_text_teaches():
     assert {d.pp for d in plans} >= {1, 2, 4}
 
 
+@pytest.mark.slow
 def test_plan_memory_check(capsys):
     g.check_plan_memory(memory_by_arrays)
     assert "PASSED Exercise 6.2" in capsys.readouterr().out

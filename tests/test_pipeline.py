@@ -94,6 +94,7 @@ def test_pipeline_bubble_values_and_definitions():
 
 
 # ----------------------------------------------------------------- every schedule, every small shape
+@pytest.mark.slow
 @pytest.mark.parametrize("name", pp.NAMES)
 def test_every_schedule_is_valid_and_its_measured_bubble_is_the_formula(name):
     """p in 1..8, m in 1..3p: each action once, in order; executed on the emulator (a free

@@ -83,6 +83,7 @@ def bound_violations(ests, bounds):
             if d in bounds and e.step_time is not None and bounds[d] > e.step_time * (1 + 1e-9)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_no_plan_the_search_covers_is_faster_than_its_first(name):
     ests, best, _ = brute_force(name)
