@@ -45,11 +45,10 @@ $(LAB_SETTINGS): | $(LAB_STAMP)
 lab: $(LAB_STAMP) $(LAB_SETTINGS)
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. $(LAB_ARGS) lessons/index.md
 
-# Tests run side by side, one worker per CPU, handed out a file at a time, the longest first
-# (TEST_WORKERS=0: in this process, one at a time).
+# Tests run side by side, one worker per CPU (TEST_WORKERS=0: in this process, one at a time).
 TEST_WORKERS ?= auto
 test: $(TEST_STAMP) $(LAB_SETTINGS) browser-deps
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 # Run saved lesson notebooks in a fresh kernel: one line per exercise (LESSON=03: that one).
 grade: $(LAB_STAMP)
