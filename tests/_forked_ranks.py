@@ -13,16 +13,9 @@ import importlib
 import os
 import runpy
 import signal
-import socket
 import sys
 import time
 import traceback
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_rank(module, args, env):
@@ -49,6 +42,8 @@ def main():
     n, module, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
     import torch.distributed  # noqa: F401 -- imported once; every rank inherits it
     importlib.import_module(module)  # the lab's own imports too (its main runs only in the ranks)
+    from gpu_labs.common import free_port
+
     port = str(free_port())
     sys.stdout.flush()
     sys.stderr.flush()

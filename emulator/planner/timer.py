@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from ..cost import p2p_time
 from ..machine.comm_overlap import pipelined, ring_exchange, sm_slowdown
-from ..machine.work import KERNELS, AllToAll, Collective, RingAttention, is_kernel
+from ..machine.work import AllToAll, Collective, RingAttention, is_kernel
 from ..mesh import DP_CP, EDP, EP
 from .collective_times import all_to_all_seconds, collective_seconds, ring_attention_seconds
 
@@ -83,7 +83,7 @@ class Timer:
     def op(self, op, r):
         if is_kernel(op):  # the same on every rank, whatever its name: shared by every timer on the device
             t = self._kernels.get(op.timing_key)
-            return _kernel_seconds(self.device, self.stack.launch, op) if t is None else t
+            return _kernel_seconds(self._kernels, self.device, self.stack.launch, op) if t is None else t
         key = (op, self.stage_key(r))
         hit = self._ops.get(key)
         if hit is None:
@@ -153,26 +153,25 @@ class Timer:
         hit = _STEPS.get(key)
         if hit is not None and hit[0] is ops:
             return hit[1]
-        steps, i, n, kernels = [], 0, len(ops), self._kernels
+        steps, i, n = [], 0, len(ops)
         while i < n:
             o = ops[i]
             nxt = ops[i + 1] if i + 1 < n else None
-            if type(o) in _KERNEL_TYPES:  # (the common case, first)
-                nov = None if nxt is None or type(nxt) in _KERNEL_TYPES else getattr(nxt, "overlap", None)
+            if is_kernel(o):
+                nov = None if nxt is None or is_kernel(nxt) else getattr(nxt, "overlap", None)
                 if o.kind == "gemm" and nov and nov[0] == "pipeline":
                     steps.append(("pipeline", nxt, self.op(o, 0), nov[1], nov[2]))
                     i += 2
-                    continue
-                t = kernels.get(o.timing_key)
-                steps.append((o.kind, self.op(o, 0) if t is None else t))
-                i += 1
+                else:
+                    steps.append((o.kind, self.op(o, 0)))
+                    i += 1
                 continue
             ov = getattr(o, "overlap", None)
             if ov and ov[0] == "ring_exchange" and getattr(nxt, "kind", None) == "gemm":
                 steps.append(("ring_exchange", o, self.op(nxt, 0), ov[1]))
                 i += 2
                 continue
-            steps.append((o.kind, self.op(o, 0)) if is_kernel(o) else ("op", o))
+            steps.append(("op", o))
             i += 1
         if isinstance(ops, tuple):
             if len(_STEPS) > 1 << 14:
@@ -216,21 +215,18 @@ class Timer:
         return p2p_time(nbytes, r_src * per_stage, r_dst * per_stage, self.topology)
 
 
-_KERNEL_TYPES = frozenset(KERNELS)
 _KERNEL_SECONDS = {}  # (device, launch) -> {a kernel's timing_key: its seconds}
 _STEPS = {}  # (id of a pass's ops, device, launch) -> (those ops, their steps): Timer._steps
 
 
-def _kernel_seconds(device, launch, kernel):
-    """A declared kernel's seconds with a memory-bound kernel's launch gap, keyed by what
-    they depend on (:attr:`timing_key`: not the kernel's name), so the experts of an MoE
-    layer, alike but for their names, are timed once."""
-    times = _KERNEL_SECONDS.setdefault((device, launch), {})
-    t = times.get(kernel.timing_key)
-    if t is None:
-        if len(times) > 1 << 18:
-            times.clear()
-        t = times[kernel.timing_key] = device.time(kernel) + (launch if kernel.kind == "memory" else 0.0)
+def _kernel_seconds(times, device, launch, kernel):
+    """A declared kernel's seconds with a memory-bound kernel's launch gap, kept in ``times``
+    (this device's and launch cost's table in ``_KERNEL_SECONDS``) under what they depend on
+    (:attr:`timing_key`: not the kernel's name), so the experts of an MoE layer, alike but
+    for their names, are timed once."""
+    if len(times) > 1 << 18:
+        times.clear()
+    t = times[kernel.timing_key] = device.time(kernel) + (launch if kernel.kind == "memory" else 0.0)
     return t
 
 
