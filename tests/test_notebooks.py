@@ -2,11 +2,11 @@
 
 Each answer key in solutions/ runs once, under strict ``pytest --nbval`` on another CPU's
 kernels, and must reproduce its stored outputs. Here we prove the rest too: a student's
-notebook shows the lesson first; Run All on an untouched lesson runs every cell, each check
-saying its exercise is not attempted, and the summary at the end fails; a wrong answer is
-reported at its check, its message first; the same notebook with the answers put back
-holds the answer key's code and passes ``pytest --nbval-lax``. (Fresh from their sources
-and safe for a student's work: tests/test_notebook_builds.py.)
+notebook shows the lesson first; a wrong answer is reported at its check, its message
+first; the same notebook with the answers put back holds the answer key's code and passes
+``pytest --nbval-lax``. Run All on each untouched lesson, to its summary, runs once, in
+JupyterLab (tests/browser/test_jupyterlab.py). (Fresh from their sources and safe for a
+student's work: tests/test_notebook_builds.py.)
 """
 
 import os
@@ -17,18 +17,13 @@ import sys
 import nbformat
 import pytest
 from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError
 
 from emulator.grading import progress
-from tests._notebooks import PIPELINE, ROOT, ids, with_answers
+from tests._notebooks import PIPELINE, ROOT, assert_untouched_run, code_cells_of, errors, ids, text, with_answers
 from tests._torch_block import blocked_ipython_dir, imports_torch
 from tools import build_notebooks as B
 
 LESSONS = [p for p in B.sources() if B.exercises(p)]
-
-
-def code_cells_of(nb, tag):
-    return [c for c in nb.cells if c.cell_type == "code" and tag in c.metadata.get("tags", [])]
 
 
 @pytest.mark.parametrize("src", LESSONS, ids=ids(LESSONS))
@@ -47,50 +42,17 @@ def test_a_student_sees_the_lesson_and_its_summary(src):
     assert len(set(labels)) == len(labels) >= 1
 
 
-def execute(nb, allow_errors):
-    """Run All, as JupyterLab does: top to bottom, stopping at the first error unless
-    ``allow_errors``. Returns the error that stopped it, or None."""
-    try:
-        NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=allow_errors,
-                       resources={"metadata": {"path": str(ROOT / "lessons")}}).execute()
-    except CellExecutionError as exc:
-        return exc
-    return None
-
-
-def errors(cell):
-    return [o for o in cell.get("outputs", []) if o.output_type == "error"]
-
-
-def text(cell):
-    return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.output_type == "stream")
+def execute_every_cell(nb):
+    """Every cell, top to bottom, going on past errors (as the grader does); Run All in
+    JupyterLab would stop at the first cell with an error."""
+    NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(ROOT / "lessons")}}).execute()
 
 
 def nbval_lax(path):
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
                            "-o", "addopts=", "--rootdir", str(path.parent), str(path)],
                           capture_output=True, text=True, cwd=ROOT, timeout=900)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("src", LESSONS, ids=ids(LESSONS))
-def test_run_all_runs_an_untouched_lesson_to_its_summary(src):
-    """Every cell runs; each check says its exercise is not attempted and lets the lesson
-    go on (demos use the library, never a stub); the summary, last, lists every exercise
-    as not attempted and is the only cell that fails."""
-    nb = B.render(src, "lessons")
-    stopped = execute(nb, allow_errors=False)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert all(c.execution_count for c in code), f"Run All stopped early: {stopped}"
-    failing = [c for c in code if errors(c)]
-    assert failing == code_cells_of(nb, "summary"), [(c.source[:60], errors(c)[0].evalue) for c in failing]
-    err, = errors(failing[0])
-    assert err.ename == "NotAllPassed" and err.evalue.startswith("0 of ")
-    assert err.traceback == [f"NotAllPassed: {err.evalue}"]  # the message, and nothing else
-    said = "".join(text(c) for c in code_cells_of(nb, "check"))
-    for name in B.exercise_names(src):
-        assert f"NOT ATTEMPTED {name}" in said or f"NOT ATTEMPTED {progress.label_in(name)} builds on" in said, name
-        assert progress.status_line(progress.NOT_ATTEMPTED, name) in text(failing[0])
 
 
 def code_of(nb):
@@ -133,23 +95,23 @@ def test_nbval_lax_fails_an_untouched_lesson_and_passes_a_solved_one(src, tmp_pa
 @pytest.mark.slow
 def test_a_wrong_answer_is_reported_at_its_check_message_first():
     """Problem 8.2 answered with the idle share of the step where the bubble over the ideal
-    time was asked: Run All stops at its check, whose error is the check's message alone
-    (no frame of the grading code), saying what was expected and what came; with the run
-    going on (as the grader runs it), the summary lists it as failed and the rest passed."""
+    time was asked: its check is the first cell with an error, so Run All (which stops at
+    the first error) stops there; the error is the check's message alone (no frame of the
+    grading code), saying what was expected and what came. With the run going on, as the
+    grader runs it, the summary lists it as failed and the rest passed. (Run All in
+    JupyterLab stopping at that check: tests/browser/test_jupyterlab.py.)"""
     swap = ("return m_ideal, m_ideal * seqs_per_micro, m_total", "return m_total, m_total * seqs_per_micro, m_total")
     nb = with_answers(PIPELINE, wrong=swap)
-    stopped = execute(nb, allow_errors=False)
+    execute_every_cell(nb)
     check = next(c for c in code_cells_of(nb, "check") if "problem_8_2" in c.source)
-    assert stopped is not None and errors(check), "the wrong answer did not stop Run All at its check"
+    first = next((c for c in nb.cells if c.cell_type == "code" and errors(c)), None)
+    assert first is check, "the wrong answer's check is not where Run All stops: " + (first or {}).get("source", "")[:80]
     err, = errors(check)
     assert err.ename == "CheckFailed"
     assert err.traceback == [f"CheckFailed: {err.evalue}"]
     assert err.evalue.startswith("Problem 8.2 (micro-batches, bubble over the ideal time, p=12, target=0.05")
     assert err.evalue.endswith("): expected 220, got 209: that is the count for the bubble as a share of the whole "
                                "step; this number asks for it over the ideal time"), err.evalue
-
-    nb = with_answers(PIPELINE, wrong=swap)
-    execute(nb, allow_errors=True)
     summary, = code_cells_of(nb, "summary")
     lines = text(summary).splitlines()
     assert lines[0] == "5 of 6 exercises passed"
@@ -188,3 +150,41 @@ def test_the_answer_key_reproduces_its_outputs_on_another_cpu(key, tmp_path):
     assert re.search(r"\d+ passed", run.stdout) and " failed" not in run.stdout, run.stdout[-2000:]
     if mark:  # the kernel ran without torch
         assert open(mark).read() == "None", f"{key.name}: torch in the kernel's sys.modules: {open(mark).read()}"
+
+
+def a_clean_untouched_run(src):
+    """What Run All on the untouched lesson ``src`` leaves when all is well, written by hand:
+    every cell numbered, each check saying not attempted, the summary's message alone."""
+    nb = B.render(src, "lessons")
+    names = B.exercise_names(src)
+    for n, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+        cell.execution_count = n + 1
+    for cell, name in zip(code_cells_of(nb, "check"), names):
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"NOT ATTEMPTED {name}. Replace ...\n")]
+    summary, = code_cells_of(nb, "summary")
+    evalue = f"0 of {len(names)} exercises passed"
+    summary.outputs = [nbformat.v4.new_output("stream", name="stdout", text="\n".join(
+        [evalue] + [progress.status_line(progress.NOT_ATTEMPTED, name) for name in names]) + "\n"),
+        nbformat.v4.new_output("error", ename="NotAllPassed", evalue=evalue, traceback=[f"NotAllPassed: {evalue}"])]
+    return nb
+
+
+def test_the_untouched_run_check_fails_on_each_thing_a_run_can_get_wrong():
+    """The check the browser's Run All of each untouched lesson ends with passes a clean run
+    and fails one that stopped early, has a second error, shows a frame of the grading
+    code, or lost a check's line or a summary's line."""
+    assert_untouched_run(a_clean_untouched_run(PIPELINE), PIPELINE)
+
+    def broken(edit):
+        nb = a_clean_untouched_run(PIPELINE)
+        edit(nb, [c for c in nb.cells if c.cell_type == "code"])
+        with pytest.raises(AssertionError):
+            assert_untouched_run(nb, PIPELINE)
+
+    broken(lambda nb, code: setattr(code[-1], "execution_count", None))  # Run All stopped before the summary
+    broken(lambda nb, code: code[0].outputs.append(nbformat.v4.new_output(
+        "error", ename="NameError", evalue="x", traceback=["NameError: x"])))  # a demo failed
+    broken(lambda nb, code: code_cells_of(nb, "summary")[0].outputs[1].traceback.insert(0, "Traceback (most recent"))
+    broken(lambda nb, code: code_cells_of(nb, "check")[2].outputs.clear())  # a check said nothing
+    broken(lambda nb, code: setattr(code_cells_of(nb, "summary")[0].outputs[0], "text", "0 of 6 exercises passed\n"))
+    broken(lambda nb, code: setattr(code_cells_of(nb, "summary")[0].outputs[1], "evalue", "5 of 6 exercises passed"))

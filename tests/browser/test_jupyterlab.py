@@ -1,9 +1,10 @@
 """What a student sees: the course map opens as a page, with no kernel and no news pop-up;
-an untouched lesson opens unmodified, and Run All takes it to its summary; a wrong answer
-shows the check's message first; each answered lesson runs without an error output, and its
-widgets render and answer their controls (how each widget is driven:
-tests/browser/widget_drivers.py). Screenshots go to ``artifacts/browser/`` (printed at the
-end) so a person can look.
+an untouched lesson opens unmodified; Run All takes each untouched lesson to its summary,
+every check saying its exercise is not attempted, and its widgets render and answer their
+controls (how each widget is driven: tests/browser/widget_drivers.py); a wrong answer
+stops Run All at its check, with the check's message first. This is the suite's one run of
+each untouched lesson; the answer keys run under strict nbval (tests/test_notebooks.py).
+Screenshots go to ``artifacts/browser/`` (printed at the end) so a person can look.
 
 Needs Debian's chromium (``make test`` installs it when running as root).
 """
@@ -17,14 +18,14 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from tests._notebooks import PIPELINE, assert_untouched_run, ids
 from tests.browser import jupyterlab as J
 from tests.browser.widget_drivers import DRIVERS, drive_ring_stepper
 from tools import build_notebooks as B
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
 SHOTS = J.ROOT / "artifacts" / "browser"
-LESSONS = sorted(p for p in (J.ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
-PIPELINE = J.ROOT / "solutions" / "03_pipeline.py"
+LESSONS = [p for p in B.sources() if B.exercises(p)]
 
 if not Path(J.CHROMIUM).exists():
     pytest.skip("chromium is missing: run `make test` as root (it installs Debian's chromium) "
@@ -34,12 +35,8 @@ if not Path(J.CHROMIUM).exists():
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     nbdir, home = tmp_path_factory.mktemp("notebooks"), tmp_path_factory.mktemp("home")
-    for nb in LESSONS:  # answered lessons, outputs cleared, in a throwaway folder
-        book = nbformat.read(nb, 4)
-        for c in book.cells:
-            if c.cell_type == "code":
-                c.outputs, c.execution_count = [], None
-        nbformat.write(book, nbdir / nb.name)
+    for src in LESSONS:  # the lessons as handed out, in a throwaway folder
+        nbformat.write(B.render(src, "lessons"), nbdir / f"{src.stem}.ipynb")
     broken = nbformat.v4.new_notebook()
     broken.cells = [nbformat.v4.new_code_cell(
         "from emulator.widgets import RingStepper\nw = RingStepper(n=4)\nw.step.unobserve_all()  # broken on purpose\nw")]
@@ -109,34 +106,6 @@ def test_opening_an_untouched_lesson_leaves_it_unmodified(lab):
     assert not J.is_dirty(page), "opening the lesson marked it modified"
 
 
-def test_run_all_on_an_untouched_lesson_reaches_its_summary(lab):
-    """Lesson 03 as handed out: Run All runs every cell (it used to stop at Problem 8.2),
-    each check says its exercise is not attempted, and the summary at the end lists them
-    all; it is the only cell with an error."""
-    page, base, token, nbdir = lab
-    shot = shots_for("student_lesson")
-    J.open_notebook(page, base, token, "student_03_pipeline.ipynb")
-    page.screenshot(path=str(shot("opened")))
-    first = page.locator(".jp-Cell").first.inner_text()
-    assert first.lstrip().startswith("Lesson 03"), first[:200]
-    J.run_all(page, timeout=480_000)
-    check = page.locator(".jp-CodeCell", has=page.locator("text=NOT ATTEMPTED Exercise 3.1")).first
-    check.scroll_into_view_if_needed()
-    check.screenshot(path=str(shot("check_not_attempted")))
-    summary = page.locator(".jp-CodeCell").last
-    summary.scroll_into_view_if_needed()
-    summary.screenshot(path=str(shot("summary")))
-    text = summary.inner_text()
-    assert "0 of 6 exercises passed" in text and "not attempted  Exercise 3.1: 1F1B as data" in text, text
-    assert "NotAllPassed: 0 of 6 exercises passed" in text and "Traceback" not in text, text
-    J.save(page)
-    ran = nbformat.read(nbdir / "student_03_pipeline.ipynb", 4)
-    failing = [c.metadata.get("tags") for c in ran.cells if c.cell_type == "code"
-               for o in c.outputs if o.output_type == "error"]
-    assert failing == [["summary"]], failing
-    print(f"\nscreenshots of a student's Run All: {shot('x').parent}")
-
-
 def test_a_wrong_answer_stops_run_all_at_its_check_with_the_message_first(lab):
     page, base, token, _ = lab
     J.open_notebook(page, base, token, "student_wrong_8_2.ipynb")
@@ -154,23 +123,31 @@ def test_a_wrong_answer_stops_run_all_at_its_check_with_the_message_first(lab):
     assert "grade.problem_8_2" in cell.inner_text()
 
 
-@pytest.mark.parametrize("nb", LESSONS, ids=[p.stem for p in LESSONS])
-def test_lesson_runs_and_widgets_respond(lab, nb):
+@pytest.mark.parametrize("src", LESSONS, ids=ids(LESSONS))
+def test_run_all_takes_an_untouched_lesson_to_its_summary_and_its_widgets_respond(lab, src):
+    """The lesson as handed out: Run All runs every cell (lesson 03 used to stop at Problem
+    8.2), each check says its exercise is not attempted, and the summary at the end, the
+    only cell with an error, lists them all; then its widgets answer their controls."""
     page, base, token, nbdir = lab
-    J.open_notebook(page, base, token, nb.name)
-    J.run_all(page)
+    shot = shots_for(src.stem)
+    J.open_notebook(page, base, token, f"{src.stem}.ipynb")
+    first = page.locator(".jp-Cell").first.inner_text()
+    assert first.lstrip().startswith(f"Lesson {src.stem[:2]}"), first[:200]
+    page.screenshot(path=str(shot("opened")))
+    J.run_all(page, timeout=480_000)
+    check = page.locator(".jp-CodeCell", has=page.locator("text=NOT ATTEMPTED")).first
+    check.scroll_into_view_if_needed()
+    check.screenshot(path=str(shot("check_not_attempted")))
+    summary = page.locator(".jp-CodeCell").last
+    summary.scroll_into_view_if_needed()
+    summary.screenshot(path=str(shot("summary")))
+    said = summary.inner_text()
+    assert "NotAllPassed: 0 of " in said and "Traceback" not in said, said
     J.save(page)
-    ran = nbformat.read(nbdir / nb.name, 4)
-    errors = [(i, o.ename, o.evalue) for i, c in enumerate(ran.cells) if c.cell_type == "code"
-              for o in c.outputs if o.output_type == "error"]
-    assert not errors, f"error outputs in the browser: {errors}"
-    assert all(c.execution_count for c in ran.cells if c.cell_type == "code")
-    passed = sum("PASSED" in "".join(o.get("text", "") for o in c.outputs) for c in ran.cells if c.cell_type == "code")
-    assert passed >= 1, "no check cell printed PASSED"
-    shot = shots_for(nb.stem)
-    for drive in DRIVERS.get(nb.stem, []):
+    assert_untouched_run(nbformat.read(nbdir / f"{src.stem}.ipynb", 4), src)
+    for drive in DRIVERS.get(src.stem, []):
         drive(page, shot)
-    print(f"\nscreenshots of {nb.stem}'s widgets: {shot('x').parent}")
+    print(f"\nscreenshots of {src.stem}, Run All and its widgets: {shot('x').parent}")
 
 
 def test_a_broken_widget_is_caught(lab):
