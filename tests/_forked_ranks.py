@@ -65,8 +65,24 @@ def main():
         if code != 0 and status == 0:
             status = code if code > 0 else 1
             print(f"rank {rank} (pid {pid}) exited with {code}: stopping the other ranks", file=sys.stderr)
+            settle(children)
             stop(children)
     sys.exit(status)
+
+
+def settle(children, wait=2.0):
+    """Give the other ranks ``wait`` seconds to end on their own: the rank that found a fault
+    is often not the first to exit (its peer fails in the collective it aborted), and its
+    report must reach stderr before it is stopped. torchrun notices a failed worker at its
+    next poll (``--monitor-interval``, 0.1 s) and its workers print as they stop; this
+    launcher sees it at once, so it waits a little longer, then stops what is left."""
+    end = time.monotonic() + wait
+    while children and time.monotonic() < end:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+        if pid:
+            children.pop(pid, None)
+        else:
+            time.sleep(0.02)
 
 
 def stop(children, grace=5.0):
