@@ -65,18 +65,13 @@ def main():
         if code != 0 and status == 0:
             status = code if code > 0 else 1
             print(f"rank {rank} (pid {pid}) exited with {code}: stopping the other ranks", file=sys.stderr)
-            settle(children)
             stop(children)
     sys.exit(status)
 
 
-def settle(children, wait=2.0):
-    """Give the other ranks ``wait`` seconds to end on their own: the rank that found a fault
-    is often not the first to exit (its peer fails in the collective it aborted), and its
-    report must reach stderr before it is stopped. torchrun notices a failed worker at its
-    next poll (``--monitor-interval``, 0.1 s) and its workers print as they stop; this
-    launcher sees it at once, so it waits a little longer, then stops what is left."""
-    end = time.monotonic() + wait
+def reap(children, seconds):
+    """Collect the ranks that end within ``seconds``, removing them from ``children``."""
+    end = time.monotonic() + seconds
     while children and time.monotonic() < end:
         pid, _ = os.waitpid(-1, os.WNOHANG)
         if pid:
@@ -85,20 +80,17 @@ def settle(children, wait=2.0):
             time.sleep(0.02)
 
 
-def stop(children, grace=5.0):
-    """SIGTERM to each rank still running, SIGKILL to any left after ``grace`` seconds."""
+def stop(children, settle=2.0, grace=5.0):
+    """Stop the ranks still running after one failed: ``settle`` seconds to end on their
+    own (the rank that reports a fault may exit after the faulty rank, and its report must
+    reach stderr; torchrun too only notices a failed worker at its next poll,
+    ``--monitor-interval``), then SIGTERM, and SIGKILL to any left after ``grace`` seconds."""
+    reap(children, settle)
     for pid in children:
         os.kill(pid, signal.SIGTERM)
-    end = time.monotonic() + grace
-    while children and time.monotonic() < end:
-        pid, _ = os.waitpid(-1, os.WNOHANG)
-        if pid:
-            children.pop(pid, None)
-        else:
-            time.sleep(0.05)
+    reap(children, grace)
     for pid in children:
         os.kill(pid, signal.SIGKILL)
-
 
 if __name__ == "__main__":
     main()
