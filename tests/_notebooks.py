@@ -1,5 +1,6 @@
-"""What the notebook tests share: the repository, lesson 03's source, test ids, a lesson
-with its answers put back, and what Run All on an untouched lesson must leave."""
+"""What the notebook tests share: the repository, the lessons' sources (lesson 03's by
+name), test ids, a lesson with its answers put back, and what Run All on an untouched
+lesson must leave."""
 
 from pathlib import Path
 
@@ -8,6 +9,7 @@ from tools import build_notebooks as B
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINE = ROOT / "solutions" / "03_pipeline.py"
+LESSONS = [p for p in B.sources() if B.exercises(p)]  # the sources of the lessons with exercises
 
 
 def ids(paths):

@@ -19,11 +19,9 @@ import pytest
 from nbclient import NotebookClient
 
 from emulator.grading import progress
-from tests._notebooks import PIPELINE, ROOT, assert_untouched_run, code_cells_of, errors, ids, text, with_answers
+from tests._notebooks import LESSONS, PIPELINE, ROOT, assert_untouched_run, code_cells_of, errors, ids, text, with_answers
 from tests._torch_block import blocked_ipython_dir, imports_torch
 from tools import build_notebooks as B
-
-LESSONS = [p for p in B.sources() if B.exercises(p)]
 
 
 @pytest.mark.parametrize("src", LESSONS, ids=ids(LESSONS))

@@ -18,14 +18,13 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tests._notebooks import PIPELINE, assert_untouched_run, ids
+from tests._notebooks import LESSONS, PIPELINE, assert_untouched_run, ids
 from tests.browser import jupyterlab as J
 from tests.browser.widget_drivers import DRIVERS, drive_ring_stepper
 from tools import build_notebooks as B
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
 SHOTS = J.ROOT / "artifacts" / "browser"
-LESSONS = [p for p in B.sources() if B.exercises(p)]
 
 if not Path(J.CHROMIUM).exists():
     pytest.skip("chromium is missing: run `make test` as root (it installs Debian's chromium) "
