@@ -168,3 +168,24 @@ def test_shape_only_broadcasting_is_numpys():
                 assert "broadcast" in str(e)
                 continue
             assert _broadcast(list(combo)) == want, combo
+
+
+def test_shape_only_basic_indexing_is_numpys_each_time_it_is_asked():
+    """Views of a shape-only array (shape, strides, first byte) are NumPy's, also when the
+    same index is asked again (each is worked out once), ``True`` and ``1`` kept apart."""
+    real = np.zeros((4, 6, 5), np.float32)
+    indexes = [1, True, False, np.int64(2), -1, (slice(1, 3),), (slice(None, None, -2), 2), (Ellipsis, 1),
+               (None, slice(0, 4, 3)), (1, Ellipsis, None), (slice(-3, None), slice(1, 5, 2), 0), ()]
+    for base_real, base in ((real, ShapeArray(real.shape, real.dtype)),
+                            (real.transpose(2, 0, 1), ShapeArray(real.shape, real.dtype).transpose(2, 0, 1))):
+        for _ in range(2):
+            for index in indexes:
+                want, got = base_real[index], base[index]
+                assert got.shape == want.shape, index
+                if np.shares_memory(want, real):  # a view: the same memory, from the same byte, read alike
+                    offset = want.__array_interface__["data"][0] - real.__array_interface__["data"][0]
+                    assert (got.base, got.offset, got.strides) == (base.base, offset, want.strides), index
+                else:  # NumPy copied (a boolean scalar is an advanced index): new memory, of its size
+                    assert got.base is not base.base and got.nbytes == want.nbytes and isinstance(index, bool)
+    with pytest.raises(IndexError):
+        ShapeArray((2, 3), np.float32)[5]

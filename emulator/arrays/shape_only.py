@@ -178,9 +178,10 @@ class ShapeArray(NDArrayOperatorsMixin):
     # ----------------------------------------------------------------- NumPy's protocols
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
         if method == "__call__":
-            shapes = [a.shape if isinstance(a, (np.ndarray, ShapeArray)) else () for a in inputs]
+            shapes = [a.shape if isinstance(a, (ShapeArray, np.ndarray)) else () for a in inputs]
             shape = matmul_shape(*shapes) if ufunc is np.matmul else _broadcast(shapes)
-            dtypes = ufunc_dtypes(ufunc, tuple(dtype_token(a) for a in inputs), kwargs.get("dtype"))
+            tokens = tuple(a.dtype if type(a) is ShapeArray else dtype_token(a) for a in inputs)
+            dtypes = ufunc_dtypes(ufunc, tokens, kwargs.get("dtype"))
             results = tuple(ShapeArray(shape, d) for d in dtypes)
         elif method == "reduce":
             a = inputs[0]
@@ -270,6 +271,8 @@ def _index(a, index):
     if any(isinstance(i, (np.ndarray, ShapeArray, list)) for i in index):
         return ShapeArray(advanced_shape(a.shape, index, lambda x: isinstance(x, ShapeArray)), a.dtype)
     shape, strides, offset = basic_index(a.shape, a.strides, index)
+    if any(isinstance(i, (bool, np.bool_)) for i in index):  # a boolean scalar is an advanced index: a copy
+        return ShapeArray(shape, a.dtype)
     return a._view(shape, strides, a.offset + offset)
 
 

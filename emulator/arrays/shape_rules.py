@@ -7,6 +7,7 @@ from functools import lru_cache
 import numpy as np
 
 
+@lru_cache(maxsize=8192)
 def c_strides(shape, itemsize):
     strides, step = [], itemsize
     for n in reversed(shape):
@@ -32,6 +33,7 @@ def ufunc_dtypes(ufunc, tokens, dtype):
     return tuple(np.asarray(o).dtype for o in out)
 
 
+@lru_cache(maxsize=4096)
 def matmul_shape(a, b):
     if len(a) == 1:
         a = (1,) + a
@@ -51,9 +53,33 @@ def matmul_shape(a, b):
     return shape
 
 
+def _index_key(i):
+    """A hashable stand-in for one basic index, its type kept (``True`` is not ``1``)."""
+    return (slice, i.start, i.stop, i.step) if type(i) is slice else (type(i), i)
+
+
+def _from_key(k):
+    return slice(*k[1:]) if k[0] is slice else k[1]
+
+
 def basic_index(shape, strides, index):
     """(shape, strides, first byte) of ``x[index]`` for basic indexing (ints, slices,
-    ``None``, ``...``): NumPy's own view of a 1-byte buffer with those strides; nothing is read."""
+    ``None``, ``...``): NumPy's own view of a 1-byte buffer with those strides; nothing is
+    read. Each (shape, strides, index) is worked out once."""
+    try:
+        key = tuple(_index_key(i) for i in index)
+        hash(key)
+    except TypeError:  # an index NumPy may still take (its error, if not) but that cannot be a key
+        return _basic_index(shape, strides, index)
+    return _basic_index_of(shape, strides, key)
+
+
+@lru_cache(maxsize=8192)
+def _basic_index_of(shape, strides, key):
+    return _basic_index(shape, strides, tuple(_from_key(k) for k in key))
+
+
+def _basic_index(shape, strides, index):
     dummy = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), shape=shape, strides=strides)
     view = dummy[index]
     return view.shape, view.strides, view.__array_interface__["data"][0] - dummy.__array_interface__["data"][0]

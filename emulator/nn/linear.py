@@ -1,5 +1,7 @@
 """Linear and Embedding layers."""
 
+import math
+
 import numpy as np
 
 from ..errors import ConfigError
@@ -50,7 +52,7 @@ class Linear(Module):
         return grads
 
     def flops(self, x_shape):
-        mm = 2 * int(np.prod(x_shape[:-1])) * self.d_in * self.d_out
+        mm = 2 * math.prod(int(n) for n in x_shape[:-1]) * self.d_in * self.d_out
         return {"forward": mm, "backward_input": mm, "backward_weight": mm}
 
 

@@ -278,7 +278,7 @@ class MoE(Module):
 
     def flops(self, x_shape):
         """Matmul FLOPs when the tokens spread over the experts as routed (k per token)."""
-        t = int(np.prod(x_shape[:-1]))
+        t = math.prod(int(n) for n in x_shape[:-1])
         router = 2 * t * self.d_model * self.n_experts
         experts = 2 * t * self.top_k * (3 if self.mlp == "swiglu" else 2) * self.d_model * self.d_ff
         return {"forward": router + experts, "backward_input": router + experts, "backward_weight": router + experts}

@@ -79,6 +79,7 @@ class PipelineStage(ActivationLedger):
         dtype = np.dtype(getattr(model, "handed", getattr(model, "dtype", np.float32)))
         self.act = dtype if dtype.kind == "V" or dtype.itemsize == 2 else None
         self.aux_factor = aux_factor
+        self._flops = {}  # (layer, input shape) -> its FLOPs dict: each worked out once
         self.losses = {}
         self.done = []  # the actions computed so far, in order
         self.weights_done = {}  # (chunk, layer) -> micro-batches whose weight gradients are in
@@ -125,6 +126,13 @@ class PipelineStage(ActivationLedger):
         return shape + (self.model.d_model,), np.dtype(self.model.dtype)
 
     # ----------------------------------------------------------------- compute
+    def flops_of(self, name, layer, x):
+        key = (name, np.shape(x))
+        hit = self._flops.get(key)
+        if hit is None:
+            hit = self._flops[key] = layer.flops(key[1])
+        return hit
+
     def _charge(self, action, layer, what, flops, share):
         """Compute time of one layer's part of an action: its FLOPs at the device's rate
         (unless the layer charges its own kernels as it runs), or ``share`` of the stage's
@@ -151,7 +159,7 @@ class PipelineStage(ActivationLedger):
         held_before = self.memory.current["activations"]
         for i, (name, layer) in enumerate(chunk):
             p = upcast(self.hooks.params_for_forward(name, self._upcoming(chunk, i, 1)))
-            flops = layer.flops(np.shape(h))["forward"]
+            flops = self.flops_of(name, layer, h)["forward"]
             out, cache = layer.forward(p, h)
             if self.act is not None and out is not None and out.dtype != self.act and out.dtype.kind == "f":
                 out = out.astype(self.act)
@@ -196,7 +204,7 @@ class PipelineStage(ActivationLedger):
             raw = self.hooks.params_for_backward(name, self._upcoming(chunk, i, -1))
             p = upcast(raw)
             x, cache = saved[name]
-            flops = layer.flops(np.shape(x))
+            flops = self.flops_of(name, layer, x)
             if cache is None:  # full recomputation: the layer's forward again
                 _, cache = layer.forward(p, x)
                 if self.costs is None and not getattr(layer, "charges_itself", False):
@@ -230,7 +238,7 @@ class PipelineStage(ActivationLedger):
         for name, layer in reversed(chunk):
             x, cache, raw = saved[name]
             grads = layer.backward_weight(upcast(raw), cache, outs[name])
-            self._charge(action, name, "W", layer.flops(np.shape(x))["backward_weight"], 1 / len(chunk))
+            self._charge(action, name, "W", self.flops_of(name, layer, x)["backward_weight"], 1 / len(chunk))
             self._release_layer(mb, c, name)
             self._grads_ready(mb, c, name, raw, grads)
         self.done.append(action)
