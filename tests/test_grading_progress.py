@@ -17,6 +17,7 @@ from emulator.grading import lesson00 as g0
 from emulator.grading import lesson03 as g3
 from emulator.grading.common import passed
 from tools import build_notebooks as B
+from tests._notebooks import LESSONS
 
 
 @pytest.fixture(autouse=True)
@@ -173,9 +174,6 @@ def check_cells(src):
         else:
             above += B.split_solutions(cell.source, keep=True)[1]
     return out
-
-
-LESSONS = [p for p in B.sources() if B.exercises(p)]
 
 
 @pytest.mark.parametrize("src", LESSONS, ids=[p.stem for p in LESSONS])
