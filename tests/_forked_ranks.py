@@ -21,9 +21,15 @@ import traceback
 def run_rank(module, args, env):
     os.environ.update(env)
     sys.argv = [module, *args]
+    exit_as_python_would(lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
+
+
+def exit_as_python_would(run):
+    """Call ``run``, then end this forked process as Python would end after it: the status
+    ``sys.exit`` gave (a message printed, status 1), or a traceback on stderr and status 1."""
     code = 0
     try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        run()
     except SystemExit as e:
         if isinstance(e.code, str):
             print(e.code, file=sys.stderr)

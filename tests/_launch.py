@@ -7,8 +7,8 @@
   torch costs about two seconds of CPU, and the suite starts over a hundred ranks. That
   launcher is itself forked, from one process per test worker that imported torch and
   every lab (``tests/_rank_zygote.py``), when the run's environment is the one that process
-  started with (``PYTHONPATH`` and pytest's
-  ``PYTEST_CURRENT_TEST`` aside); any other environment gets a launcher of its own.
+  started with (``PYTHONPATH`` and pytest's ``PYTEST_CURRENT_TEST`` aside); any other
+  environment gets a launcher of its own.
 """
 
 import atexit
@@ -47,8 +47,9 @@ def forked(n, module, *flags, env=None, timeout=600):
                           timeout=timeout)
 
 
-def _without_path(env):
-    """What the zygote's environment must match (pytest's name of the test running aside)."""
+def _compared(env):
+    """What of a run's environment must be the zygote's: all but the path it adds and
+    pytest's name of the running test."""
     return {k: v for k, v in env.items() if k not in ("PYTHONPATH", "PYTEST_CURRENT_TEST")}
 
 
@@ -64,7 +65,6 @@ class Zygote:
         self.pending = b""
         if self._line(600) != "ready":
             raise RuntimeError(f"{ZYGOTE} did not start (status {self.proc.wait()})")
-        self.pid = self.proc.pid
         atexit.register(self.close)
 
     def _line(self, timeout):
@@ -88,7 +88,7 @@ class Zygote:
 
     @classmethod
     def serves(cls, env):
-        return _without_path(env) == _without_path(cls._one.env if cls._one else lab_env())
+        return _compared(env) == _compared(cls._one.env if cls._one else lab_env())
 
     def close(self):
         if self.proc.poll() is None:

@@ -10,7 +10,7 @@ The launcher starts a new session, takes the request's environment and folder, a
 request's ``PYTHONPATH`` entries on ``sys.path`` where Python's start-up would. Anything else
 in the environment that torch reads when it is imported is this process's:
 ``tests/_launch.py`` sends only requests whose environment is the one it started this
-process with, ``PYTHONPATH`` aside. The process ends when its stdin closes.
+process with, ``PYTHONPATH`` and pytest's ``PYTEST_CURRENT_TEST`` aside. The process ends when its stdin closes.
 """
 
 import importlib
@@ -18,7 +18,6 @@ import json
 import os
 import signal
 import sys
-import traceback
 from pathlib import Path
 
 import _forked_ranks
@@ -29,32 +28,21 @@ LABS = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "gpu_lab
 
 def launcher(request, answers):
     """In the forked child: become the launcher the request asks for, then exit."""
-    code = 1
-    try:
-        os.setsid()
-        os.close(answers)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_DFL)
-        os.chdir(request["cwd"])
-        env = request["env"]
-        os.environ.clear()
-        os.environ.update(env)
-        sys.path[1:1] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in START_PATH]
-        importlib.invalidate_caches()
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
-        sys.argv = [_forked_ranks.__file__, *request["argv"]]
-        _forked_ranks.main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (print(e.code, file=sys.stderr) or 1)
-    except BaseException:  # as the launcher's own Python would: its traceback, status 1
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    os.setsid()
+    os.close(answers)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    os.chdir(request["cwd"])
+    env = request["env"]
+    os.environ.clear()
+    os.environ.update(env)
+    sys.path[1:1] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in START_PATH]
+    importlib.invalidate_caches()
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+    sys.argv = [_forked_ranks.__file__, *request["argv"]]
+    _forked_ranks.main()
 
 
 def main():
@@ -71,8 +59,8 @@ def main():
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
-        if pid == 0:
-            launcher(request, answers)
+        if pid == 0:  # never returns: the child ends with the launcher's status
+            _forked_ranks.exit_as_python_would(lambda: launcher(request, answers))
         out.write(f"{pid}\n")
         _, status = os.waitpid(pid, 0)
         out.write(f"{os.waitstatus_to_exitcode(status)}\n")

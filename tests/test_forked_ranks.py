@@ -73,9 +73,16 @@ def test_a_ranks_exception_is_printed_and_fails_the_run(tmp_path):
     assert again.returncode == 1  # each rank's RANK is the launcher's, not the caller's
 
 
-def launcher_parent(tmp_path, env):
-    """The pid of the process that started the launcher of a run in ``env``."""
-    out = _launch.forked(1, "parent_of", env=env, timeout=120)
+def launcher_parent(tmp_path, **extra):
+    """The pid of the process that started the launcher of a run in :func:`module`'s
+    environment, with ``extra`` variables."""
+    path_env = module(tmp_path, "parent_of", """
+        import os
+        if __name__ == "__main__":  # the launcher's parent, from /proc (field 4 of its stat)
+            with open(os.path.join(os.path.dirname(__file__), "parent"), "w") as f:
+                f.write(open(f"/proc/{os.getppid()}/stat").read().rsplit(")", 1)[1].split()[1])
+        """)
+    out = _launch.forked(1, "parent_of", env=dict(path_env, **extra), timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return int((tmp_path / "parent").read_text())
 
@@ -83,14 +90,8 @@ def launcher_parent(tmp_path, env):
 def test_a_run_in_the_start_environment_is_forked_from_the_zygote_and_any_other_is_not(tmp_path):
     """Forked from the process that imported torch once, but only where its environment is
     the run's (PYTHONPATH aside): anything torch reads at import must be the run's own."""
-    env = module(tmp_path, "parent_of", f"""
-        import os
-        if __name__ == "__main__":  # the launcher's parent, from /proc (field 4 of its stat)
-            with open(os.path.join({str(tmp_path)!r}, "parent"), "w") as f:
-                f.write(open(f"/proc/{{os.getppid()}}/stat").read().rsplit(")", 1)[1].split()[1])
-        """)
-    assert launcher_parent(tmp_path, env) == _launch.Zygote.get().pid
-    assert launcher_parent(tmp_path, dict(env, TORCH_SHOW_CPP_STACKTRACES="1")) == os.getpid()
+    assert launcher_parent(tmp_path) == _launch.Zygote.get().proc.pid
+    assert launcher_parent(tmp_path, TORCH_SHOW_CPP_STACKTRACES="1") == os.getpid()
 
 
 def test_a_run_past_its_timeout_is_killed_and_the_next_run_is_served(tmp_path):
@@ -104,9 +105,4 @@ def test_a_run_past_its_timeout_is_killed_and_the_next_run_is_served(tmp_path):
     with pytest.raises(subprocess.TimeoutExpired) as caught:
         _launch.forked(2, "sleeps", env=env, timeout=3)
     assert time.monotonic() - start < 30 and "started" in caught.value.stdout
-    assert launcher_parent(tmp_path, module(tmp_path, "parent_of", """
-        import os
-        if __name__ == "__main__":
-            open(os.path.join(os.path.dirname(__file__), "parent"), "w").write(
-                open(f"/proc/{os.getppid()}/stat").read().rsplit(")", 1)[1].split()[1])
-        """)) == _launch.Zygote.get().pid
+    assert launcher_parent(tmp_path) == _launch.Zygote.get().proc.pid

@@ -178,7 +178,7 @@ class ShapeArray(NDArrayOperatorsMixin):
     # ----------------------------------------------------------------- NumPy's protocols
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
         if method == "__call__":
-            shapes = [a.shape if isinstance(a, (ShapeArray, np.ndarray)) else () for a in inputs]
+            shapes = [a.shape if isinstance(a, (np.ndarray, ShapeArray)) else () for a in inputs]
             shape = matmul_shape(*shapes) if ufunc is np.matmul else _broadcast(shapes)
             tokens = tuple(a.dtype if type(a) is ShapeArray else dtype_token(a) for a in inputs)
             dtypes = ufunc_dtypes(ufunc, tokens, kwargs.get("dtype"))
