@@ -441,7 +441,9 @@ print(f"{len(rejected)} rejected, for {len(reasons)} reasons, e.g. {reasons[0]!r
 
 # %% [markdown]
 # `search` tries, for each factorisation, the settings a person would try first (one
-# sequence per micro-batch, one or two chunks per stage), so it can miss the best plan.
+# sequence per micro-batch; 1F1B, ZB-H1, and interleaving with two chunks per stage; the
+# lowest ZeRO stage that fits, or ZeRO-1 as Megatron's distributed optimizer), so it can
+# miss the best plan.
 # `exhaustive_search` (`--exhaustive` on the command line) tries every micro-batch size,
 # schedule and number of chunks, ZeRO stage and recomputation mode, and prunes only with
 # bounds proven never to exceed what `evaluate` says, taking plans in the order of their

@@ -1,9 +1,15 @@
 """The planner's search: it ranks the valid plans and says why the others cannot run,
 answers for 16,384 GPUs with a plan that fits and uses them all (how long it takes:
-``python -m benchmarks.search_speed``), and answers on the command line (its refusals
-there: tests/test_planner_cli.py)."""
+``python -m benchmarks.search_speed``), finds on a cluster of a thousand GPUs the plan the
+exhaustive search finds (within 2%, and not when it leaves ZB-H1 out), and answers on the
+command line (its refusals there: tests/test_planner_cli.py)."""
 
 import json
+
+import pytest
+
+from emulator.planner import ranking
+from emulator.planner.exhaustive import exhaustive_search
 
 from emulator.planner import cluster_preset, enumerate_plans, model_preset, search
 from emulator.planner.__main__ import main as cli
@@ -35,6 +41,33 @@ def test_search_answers_for_16384_gpus_with_a_plan_that_uses_them_all():
     assert rates == sorted(rates, reverse=True)
     ok, _ = enumerate_plans(m, c, 8192, 16 * 2**20)
     assert all((d.dp, d.tp, d.pp, d.cp, d.ep) in ok for d, _ in ranked)
+
+
+@pytest.fixture(scope="module")
+def thousand_gpus():
+    """Llama 3 405B on 128 nodes of 8 H100s, 4M tokens a step, and the exhaustive search's best."""
+    m, c = model_preset("llama3-405b"), cluster_preset("h100", nodes=128)
+    (_, best), = exhaustive_search(m, c, 8192, 4 * 2**20, top=1)
+    return m, c, best
+
+
+def _misses(first, best):
+    return first.step_time > best.step_time * 1.02
+
+
+def test_search_finds_within_two_percent_what_the_exhaustive_search_finds(thousand_gpus):
+    m, c, best = thousand_gpus
+    (dims, first), = search(m, c, 8192, 4 * 2**20, top=1)
+    assert first.valid and first.fits
+    assert not _misses(first, best), f"search's {dims}: {first.step_time:.4g} s; {best.dims}: {best.step_time:.4g} s"
+
+
+def test_the_check_fails_on_a_search_without_zb_h1(thousand_gpus, monkeypatch):
+    m, c, best = thousand_gpus
+    real = ranking._variants
+    monkeypatch.setattr(ranking, "_variants", lambda *a: [kw for kw in real(*a) if kw["schedule"] != "zb_h1"])
+    (_, first), = search(m, c, 8192, 4 * 2**20, top=1)
+    assert _misses(first, best)
 
 
 def test_command_line(capsys):

@@ -4,21 +4,29 @@ each rejected with its reason or ranked by throughput.
 
 For each factorisation the settings a person would try first: sequence parallelism with
 tensor parallelism; one sequence per micro-batch under pipelining (the most micro-batches,
-the smallest bubble), the interleaved schedule too where it divides; the lowest ZeRO stage
-and the least recomputation that fit in HBM. Memory is screened with a closed form (the
-training state, plus the schedule's most micro-batches in flight times a micro-batch's
-activations); the time of every candidate is estimated from its stages' layer times
-(:mod:`.timing`) and the schedule's ramp, and the best ``top`` (and a margin) are
-evaluated in full (:func:`~emulator.planner.evaluate`) and re-ranked.
+the smallest bubble) with 1F1B, ZB-H1, and the interleaved schedule where it divides; the
+lowest ZeRO stage and the least recomputation that fit in HBM, and ZeRO-1 beside ZeRO-0
+where the stack runs it as Megatron's distributed optimizer. Memory is screened with a
+closed form (the training state, plus the schedule's most micro-batches in flight times a
+micro-batch's activations); the time of every candidate is estimated in closed form from
+its stages' layer times (:mod:`.timing`): the schedule's ramp, the optimizer's update and
+the data-parallel tail no schedule hides; the best ``top`` (and a margin) that fit are evaluated in
+full (:func:`~emulator.planner.evaluate`) and re-ranked. It can miss the best plan where
+that needs a setting it does not try (several sequences per micro-batch, more chunks per
+stage): :func:`~emulator.planner.exhaustive.exhaustive_search` tries them all.
 """
 
 from dataclasses import dataclass
 from math import gcd
 
+from ..machine import elementwise
+from ..parallel.data_parallel.ladder import uses_distributed_optimizer
 from ..parallel.dims import ParallelDims
 from ..parallel.pipeline.actions import stage_of
 from .evaluate import evaluate, structural_problems
+from .bound_rows import _chunk_counts
 from .layers import rank_layers, split_names
+from .overlap import last_bucket_seconds
 from .memory import byte_sizes
 from .precision_of import plan_context
 from .timer import Timer
@@ -102,7 +110,7 @@ def _variants(model, base, B, seq_len):
     shapes = [(per_replica, 1)] if pp > 1 else sorted({(1, per_replica), (per_replica, 1)})
     out = []
     for m, v in shapes:
-        scheds = [("1f1b", 1)]
+        scheds = [("1f1b", 1)] + ([("zb_h1", 1)] if pp > 1 else [])
         if pp > 1 and m % pp == 0 and model.n_layers >= 2 * pp:
             scheds.append(("interleaved_1f1b", 2))
         for sched, vv in scheds:
@@ -139,10 +147,12 @@ def _state_bytes(layer, dims, z, sizes):
     return out
 
 
-def _screen(model, timer, kw, seq_len, tokens, hbm, ctx):
+def _screen(model, timer, kw, seq_len, tokens, hbm, ctx, tails):
     """The first (recompute, zero_stage) that fits, by the closed form (training state
     plus the schedule's most micro-batches in flight times a micro-batch's activations),
-    as ``(estimated step seconds, memory, dims)``; or None."""
+    or ZeRO-1 in place of ZeRO-0 where the distributed optimizer makes it faster (:func:`_estimate`),
+    as ``(estimated step seconds, memory, dims)``; or None. ``tails``: the factorisation's
+    cache for :func:`_tail`."""
     B = tokens // seq_len
     p, v, m = kw["pp"], kw["v"], kw["micro_batches"]
     b = B // (kw["dp"] * m)
@@ -169,11 +179,69 @@ def _screen(model, timer, kw, seq_len, tokens, hbm, ctx):
                 gathered = max(st[3] for k, st in zip(cnt, state) if k)
                 worst = max(worst, static + gathered + held * sum(k * a for k, a in zip(cnt, act)) / v)
             if worst <= hbm:
-                dims = dims.replace(zero_stage=z)
-                lt = [layer_times(timer, x, 0, dims, ctx) for x in kinds]  # stages alike on nodes
-                t = max(sum(k * (x["F"] + x["B"] + 2 * x["ag"]) for k, x in zip(cnt, lt)) for cnt in compositions)
-                return t * (m * v + p - 1) / v, worst, dims
+                tried = [z] + ([1] if z == 0 and uses_distributed_optimizer(ctx.stack, 1) else [])
+                plans = [dims.replace(zero_stage=zz) for zz in tried]
+                return min(((_estimate(timer, model.n_layers, kinds, compositions, d, ctx, tails), worst, d)
+                            for d in plans), key=lambda found: found[0])
     return None
+
+
+def _estimate(timer, n_layers, kinds, compositions, dims, ctx, tails):
+    """A plan's step in closed form: its pipeline (:func:`_ramp`), the optimizer's update of
+    what the rank holding most updates (as ``evaluate`` charges it), and the data-parallel
+    tail (:func:`_tail`)."""
+    p, m, v = dims.pp, dims.micro_batches, dims.v
+    lt = [layer_times(timer, x, 0, dims, ctx) for x in kinds]  # stages alike on nodes
+    groups = {"dense": dims.dp * dims.cp, "experts": dims.dp * dims.cp // dims.ep}
+    updated = [sum(e if dims.zero_stage == 0 or groups[g] == 1 else -(-e // groups[g]) for g, e in x.params.items())
+               for x in kinds]
+    worst = max(compositions, key=lambda cnt: sum(k * n for k, n in zip(cnt, updated)))
+    n = sum(k * u for k, u in zip(worst, updated))
+    update = timer.ops(elementwise.optimizer_update(ctx.stack, n, ctx.precision, ctx.array), 0)
+    return _ramp(lt, compositions, dims.schedule, p, m, v) + update + _tail(timer, n_layers, kinds, dims, ctx, tails)
+
+
+def _tail(timer, n_layers, kinds, dims, ctx, cache):
+    """What no schedule hides of the data-parallel gradient reduction, on pipeline ranks 0
+    and 1 (Megatron cuts buckets on rank 0 alone): the last bucket's collective
+    (:func:`~.overlap.last_bucket_seconds`); 0 where the tail has no such bucket. ``cache``:
+    one factorisation's, by ZeRO stage, chunks and layers."""
+    z = dims.zero_stage
+    if z == 0:
+        op = "all_reduce"
+    elif z == 1 and uses_distributed_optimizer(ctx.stack, 1):
+        op = "reduce_scatter"
+    else:
+        return 0.0
+    p, v = dims.pp, dims.v
+    key = (z, v, n_layers, tuple(map(id, kinds)))
+    if key not in cache:
+        counts = _chunk_counts(n_layers, p, v)
+        out = 0.0
+        for r in range(min(p, 2)):
+            layers = [[None] * p for _ in range(v)]
+            for c, (e, b, h) in enumerate(counts[r]):
+                layers[c][r] = [kinds[0]] * e + [kinds[1]] * b + [kinds[2]] * h
+            out = max(out, last_bucket_seconds(timer, r, layers, dims, ctx, op))
+        cache[key] = (out, kinds)  # the kinds kept alive with their ids
+    return cache[key][0]
+
+
+def _ramp(lt, compositions, schedule, p, m, v):
+    """The closed form of a step's pipeline: the slowest rank's work per micro-batch ``t``
+    (its layers' passes, counted as ``compositions`` holds them; ``lt`` per layer kind) over
+    ``m v + p - 1`` chunk slots; ZB-H1 as :func:`emulator.accounting.pipeline.pipeline_bubble`
+    times it (the weight gradients fill the ramp-down: ``m (F + B + W) + (p - 1)(F + B - W)``,
+    B the input gradient alone, or the forward and B chain where too few micro-batches)."""
+    steps = []
+    for cnt in compositions:
+        f, b, w, ag = (sum(k * x[key] for k, x in zip(cnt, lt)) for key in ("F", "Bs", "W", "ag"))
+        if schedule == "zb_h1":
+            f += 2 * ag
+            steps.append(max(m * (f + b + w) + (p - 1) * (f + b - w), (m + p - 1) * (f + b) + w))
+        else:
+            steps.append((f + sum(k * x["B"] for k, x in zip(cnt, lt)) + 2 * ag) * (m * v + p - 1) / v)
+    return max(steps)
 
 
 def search(model, cluster, seq_len, global_batch_tokens, top=10, param_bytes=None, mixed=None, rejected=None,
@@ -181,7 +249,9 @@ def search(model, cluster, seq_len, global_batch_tokens, top=10, param_bytes=Non
     """The ``top`` plans, best first: a list of ``(ParallelDims, Estimate)``, as the software
     ``stack`` runs them (None: ``"megatron-core"``; ``precision`` and the shorthands as
     :func:`~emulator.planner.evaluate`'s). Pass a list as ``rejected`` to receive every
-    :class:`Rejected` factorisation and setting."""
+    :class:`Rejected` factorisation and setting. ``full_evaluations`` (None: ``top + 4``):
+    how many valid plans, best estimated first, are evaluated in full and re-ranked (a plan
+    the full account rejects is replaced by the next)."""
     ctx = plan_context(stack, precision, param_bytes, mixed)
     model = model.with_seq(seq_len)
     bases, rej = enumerate_plans(model, cluster, seq_len, global_batch_tokens)
@@ -189,12 +259,12 @@ def search(model, cluster, seq_len, global_batch_tokens, top=10, param_bytes=Non
     hbm = cluster.hbm_bytes
     scored = []
     for base in bases:
-        best, timer = None, None
+        best, timer, tails = None, None, {}
         for kw in _variants(model, base, B, seq_len):
             if structural_problems(model, cluster, ParallelDims(**kw), seq_len, global_batch_tokens):
                 continue
             timer = timer or Timer(cluster, ParallelDims(**kw), ctx.stack)
-            found = _screen(model, timer, kw, seq_len, global_batch_tokens, hbm, ctx)
+            found = _screen(model, timer, kw, seq_len, global_batch_tokens, hbm, ctx, tails)
             if found and (best is None or found[0] < best[0]):
                 best = found
         if best is None:
@@ -205,7 +275,9 @@ def search(model, cluster, seq_len, global_batch_tokens, top=10, param_bytes=Non
     scored.sort(key=lambda s: s[0])
     n = full_evaluations or top + 4
     ranked = []
-    for _, _, dims in scored[:n]:
+    for _, _, dims in scored:  # the closed form can pass a plan the full account finds too big: the next one then
+        if len(ranked) >= n:
+            break
         est = evaluate(model, cluster, dims, seq_len, global_batch_tokens, stack=ctx.stack, precision=ctx.precision)
         if est.valid:
             ranked.append((dims, est))
