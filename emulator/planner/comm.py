@@ -11,6 +11,7 @@ from ..machine.work import AllToAll, Collective, RingAttention
 from ..mesh import DATA_PARALLEL, REDUCED_OVER
 from ..parallel.data_parallel.ladder import uses_distributed_optimizer
 from ..parallel.pipeline.actions import destination, source
+from ..parallel.pipeline.simulator import rank_end
 from ..records.table import Table
 from .memory import byte_sizes
 from .overlap import gather_in_forward, replay
@@ -77,7 +78,7 @@ def dp_tail(est, layers, per_layer, timer, timing, r, ctx, boundary):
     reduce-scatters and ZeRO-1/2's all-gathers of the updated parameters."""
     dims = est.dims
     z, v = dims.zero_stage, dims.v
-    end = max(e for _, _, e in timing[r])
+    end = rank_end(timing[r])
     groups = timer.groups(r)
     if z == 0:
         if all(len(groups[a]) == 1 for a in DATA_PARALLEL):
@@ -118,7 +119,7 @@ def comm_table(est, layers, per_layer, timer, timing, boundary, ctx, m_played):
     there and scaled to the plan's)."""
     dims, p, m = est.dims, est.dims.pp, est.dims.micro_batches
     tails = [dp_tail(est, layers, per_layer, timer, timing, r, ctx, boundary) for r in range(p)]
-    pipe_end = [max(e for _, _, e in timing[r]) for r in range(p)]
+    pipe_end = [rank_end(timing[r]) for r in range(p)]
     r = max(range(p), key=lambda k: pipe_end[k] + tails[k])
     groups, g = timer.groups(r), timer.g
     overlapped = dims.zero_stage == 0 or uses_distributed_optimizer(ctx.stack, dims.zero_stage)

@@ -201,7 +201,7 @@ def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=Non
         host = [action_durations(actions[r], per_layer[r], dims, host=True) for r in range(p)]
         timing = simulator.play(actions, durations, lambda src, dst: timer.p2p(boundary, src, dst), host,
                                 _waits(dims.schedule, p, m_sim, v))
-        ends = [max(e for _, _, e in timing[r]) for r in range(p)]
+        ends = [simulator.rank_end(timing[r]) for r in range(p)]
         busy = sum(e - s0 for r in range(p) for _, s0, e in timing[r])
         tails, table = comm_table(est, layers, per_layer, timer, timing, boundary, ctx, m_sim)
         played[m_sim] = timing

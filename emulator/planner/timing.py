@@ -89,8 +89,16 @@ def action_durations(actions, per_layer, dims, host=False, prefetch=False):
     runs it): a layer's all-gather runs while the layer before it computes, its
     reduce-scatter while the layer after it in backward does (:func:`prefetched`)."""
     split = dims.schedule == "zb_h1"
+    if dims.zero_stage != 3:  # nothing is gathered per pass: one duration per (kind, chunk)
+        table = {}
+        for c, ts in enumerate(per_layer):
+            for kind in ("F", "B", "W"):
+                name = "F" if kind == "F" else "W" if kind == "W" else ("Bs" if split else "B")
+                table[kind, c] = sum(t["host " + name] for t in ts) if host else \
+                    sum(t[name] for t in ts) + (0.0 if kind == "W" else sum(t["ag"] for t in ts))
+        return [table[a.kind, a.chunk] for a in actions]
     pairs = [(a.kind, a.chunk) for a in actions]
-    held = zero3_held(pairs, split) if dims.zero_stage == 3 else [(False, True)] * len(pairs)
+    held = zero3_held(pairs, split)
     memo, out = {}, []
     for (kind, c), (h, _) in zip(pairs, held):
         key = (kind, c, h)

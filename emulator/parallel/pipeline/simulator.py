@@ -45,7 +45,8 @@ def play(schedule, durations, hop=None, host=None, waits=None):
     ``{rank: [(action, start, end), ...]}``; raises :class:`ScheduleError` if the ranks end
     up waiting on each other."""
     p = len(schedule)
-    rows = _with_hops(waits if waits is not None else waits_of(schedule), hop)
+    rows = waits if waits is not None else waits_of(schedule)
+    hops = [_Hops(hop, r) for r in range(p)]
     free, nxt = [0.0] * p, [0] * p
     issued = [0.0] * p  # each rank's host: when it has issued its actions so far
     starts = [[] for _ in range(p)]
@@ -54,16 +55,18 @@ def play(schedule, durations, hop=None, host=None, waits=None):
     while ready:
         r = ready.pop()
         row, i, t = rows[r], nxt[r], free[r]
-        dur, mine, woken_by = durations[r], ends[r], waiting[r]
+        dur, mine, woken_by, seconds = durations[r], ends[r], waiting[r], hops[r]
         hosted = host[r] if host is not None else None
         while i < len(row):
             start = t
-            for src, j, h in row[i]:
+            for src, j in row[i]:
                 done = ends[src]
                 if j >= len(done):
                     waiting[src][j] = r
                     break
-                start = max(start, done[j] + h)
+                arrives = done[j] + seconds[src]
+                if arrives > start:
+                    start = arrives
             else:
                 starts[r].append(start)
                 t = start + dur[i]
@@ -81,6 +84,12 @@ def play(schedule, durations, hop=None, host=None, waits=None):
     if any(nxt[r] < len(rows[r]) for r in range(p)):
         raise ScheduleError(_stuck(schedule, nxt))
     return {r: list(zip(schedule[r], starts[r], ends[r])) for r in range(p)}
+
+
+def rank_end(played):
+    """When one rank's played actions (``play(...)[r]``) end: its last one's end, as a rank
+    runs its actions one after another (0 where it has none)."""
+    return played[-1][2] if played else 0.0
 
 
 def waits_of(schedule):
@@ -111,23 +120,16 @@ def waits_of(schedule):
 _NEVER = 1 << 62  # the index of an action a schedule does not hold
 
 
-def _with_hops(waits, hop):
-    """``waits`` with the seconds of each message: (rank, index, seconds); none on one rank."""
-    hops, out = {}, []
-    for r, row in enumerate(waits):
-        resolved = []
-        for deps in row:
-            items = []
-            for src, j in deps:
-                if src == r:
-                    items.append((src, j, 0.0))
-                    continue
-                if (src, r) not in hops:
-                    hops[(src, r)] = hop(src, r) if hop is not None else 0.0
-                items.append((src, j, hops[(src, r)]))
-            resolved.append(tuple(items))
-        out.append(resolved)
-    return out
+class _Hops(dict):
+    """Seconds of a message to rank ``dst`` by its sender, worked out on first use (none on one rank)."""
+
+    def __init__(self, hop, dst):
+        super().__init__()
+        self.hop, self.dst = hop, dst
+
+    def __missing__(self, src):
+        seconds = self[src] = 0.0 if (self.hop is None or src == self.dst) else self.hop(src, self.dst)
+        return seconds
 
 
 def _stuck(schedule, nxt):
