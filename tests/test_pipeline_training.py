@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from emulator import World, nn
+from emulator.machine import elementwise
 from emulator.nn.module import sub
 from emulator.parallel import pipeline as pp
 from emulator.training import synthetic_batches, train_single
@@ -94,3 +95,21 @@ def test_train_step_runs_the_program_then_the_hooks_step():
     (losses, left, done), = World(1).run(one_rank)
     assert calls == [sorted(n for n, _ in model.layers)]  # every layer's gradients, once
     assert sorted(losses) == [0, 1] and left == {} and done == []
+
+
+def test_each_stage_charges_its_optimizer_update_once_a_step():
+    """The update of every parameter a stage holds is charged on its clock after each step, as
+    the data-parallel strategies charge theirs: its declared kernels, over the stage's own
+    elements (the timeline's ``optimizer step``); without the charge the check fails."""
+    model, params, batches = setup()
+    s = pp.schedule("1f1b", 2, 2)
+    world = World(mesh={"dp": 2, "pp": 2})
+    out = world.run(lambda comm: (pp.train_pipeline(comm, model, params, batches, s, nn.AdamW(lr=1e-2)),
+                                  comm.work_context(np.float64)))
+    for r, ((stage_params, _), ctx) in enumerate(out):
+        updates = [passes for name, passes in world.charged[r] if name == "optimizer step"]
+        assert len(updates) == len(batches), f"rank {r}"
+        elements = sum(a.size for a in stage_params.values())
+        want = elementwise.optimizer_update(ctx.stack, elements, ctx.precision, ctx.array)
+        for passes in updates:
+            assert [k for _, ks in passes for k in ks] == list(want), f"rank {r}: not the update of its {elements}"

@@ -228,7 +228,7 @@ def train_pipeline(comm, model, params, batches, schedule, opt, costs=None, sync
     if pp.size != p:
         raise ConfigError(f"the schedule has {p} ranks, the pipeline group {pp.size}")
     mine = [n for chunk in chunk_layers(model, p, pp.rank, v) for n in chunk]
-    hooks = ReplicatedParams(pp.memory, {n: sub(params, n) for n in mine}, opt, dp, sync)
+    hooks = ReplicatedParams(pp.memory, {n: sub(params, n) for n in mine}, opt, dp, sync, comm=pp)
     stage = PipelineStage(pp, model, v=v, split=split, costs=costs, hooks=hooks)
     steps = program(schedule, costs)[pp.rank]
     losses = []
