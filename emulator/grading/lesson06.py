@@ -25,9 +25,10 @@ from ..planner import Cluster, ModelSpec, evaluate, inventory, search
 from ..planner import memory as planner_memory, ranking, run as planner_run, tradeoff
 from .common import CheckFailed, expect, passed
 from .lesson06_memory import KINDS, MEMORY_MISTAKES, memory_hint, memory_model, within_one_percent
-from .lesson06_napkins import (dp_compute_bound_tokens, llama_cp_switch, napkin_dp_tokens, napkin_llama_cp,
-                               napkin_state, state_per_gpu)
+from .lesson06_napkins import (DP_TOKENS_CASES, LLAMA_CP_CASES, STATE_CASES, dp_compute_bound_tokens,
+                               llama_cp_switch, state_per_gpu)
 from .lesson06_tradeoff import TRADEOFF_CASES, breaks
+from .napkins import variants
 from .refuse import refusing
 
 MESH = (Mesh.coords, Mesh.coord, Mesh.group_ranks, Mesh.groups, Mesh.rank_of, Mesh.layout, ParallelDims.groups_of)
@@ -266,6 +267,31 @@ def check_mesh_tradeoff(fn):
                f"{what} ({desc}): bubble {got['bubble']!r}, expected {want['bubble']!r} (m = {m}): {hint}")
     passed(what, f"{len(TRADEOFF_CASES)} meshes: validity (a node, GPUs and batch that divide, micro-batches of 1 to "
                  f"32 sequences), 16N/G per GPU whatever the split, and the bubble")
+
+
+# ----------------------------------------------------------------- napkins (their numbers: lesson06_napkins)
+def napkin_state(fn):
+    """Napkin 6.1: fn(n_params, dp, tp, pp) -> (params+grads GB, optimizer GB) per GPU under ZeRO-1."""
+    want = variants("Napkin 6.1", fn, STATE_CASES, state_per_gpu, " GB", ("params and grads", "optimizer"),
+                    (state_per_gpu,))
+    passed("Napkin 6.1", f"{want[0]:.2f} GB of parameters and gradients, {want[1]:.2f} GB of optimizer state per GPU")
+
+
+def napkin_dp_tokens(fn):
+    """Napkin 6.2: fn(flops, bandwidth, dp, grad_bytes) -> tokens per replica per step that
+    keep the data axis compute-bound."""
+    want = variants("Napkin 6.2", lambda **kw: (fn(**kw),) if kw else (fn(),), DP_TOKENS_CASES,
+                    lambda **kw: (dp_compute_bound_tokens(**kw),), " tokens", ("tokens per replica",),
+                    (dp_compute_bound_tokens,), rel=0.02)
+    passed("Napkin 6.2", f"{want[0]:,.0f} tokens per replica per step keep the gradient all-reduce behind compute")
+
+
+def napkin_llama_cp(fn):
+    """Napkin 6.3: fn(seq, tokens, positions_per_gpu, gpus, tp, pp) -> (cp, dp, sequences per replica)."""
+    want = variants("Napkin 6.3", fn, LLAMA_CP_CASES, llama_cp_switch, "", ("cp", "dp", "sequences per replica"),
+                    (llama_cp_switch,), rel=0)
+    passed("Napkin 6.3", f"at 131k tokens: CP {want[0]}, DP {want[1]}, {want[2]} sequences per replica: each GPU "
+                         f"still holds 8,192 positions")
 
 
 __all__ = ["check_mesh_coords", "check_plan_memory", "check_comm_bytes", "check_choose_plan", "check_mesh_tradeoff",
