@@ -38,8 +38,8 @@ ARTIFACTS = os.path.join("artifacts", "gpu_labs")
 # that is below 1), per dtype. float64 checks the algorithm exactly up to summation order;
 # float32 allows for its 24-bit mantissa over a few layers; bfloat16 (8-bit mantissa,
 # unit round-off 2**-9 = 0.002) allows a few dozen of those, since results pass through
-# several bf16 roundings. tests/test_gpu_labs.py runs every lab in every dtype and shows
-# that a wrong result exceeds them.
+# several bf16 roundings. tests/test_gpu_labs.py and tests/test_gpu_lab_options.py run every
+# lab in every dtype and show that a wrong result exceeds them.
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-4, torch.bfloat16: 5e-2}
 
 TORCH_VERSION = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])

@@ -624,7 +624,7 @@ for name, preset, nodes, seq, batch, axes in cases:
     base = ParallelDims(micro_batches=per if axes.get("pp", 1) > 1 else 1, sequence_parallel=axes.get("tp", 1) > 1,
                         **axes)
     e = fastest_fitting(m, c, base, seq, batch * seq)
-    pick, best = search(m, c, seq, batch * seq, top=1, full_evaluations=1)[0]
+    pick, best = search(m, c, seq, batch * seq, top=1, full_evaluations=3)[0]
     print(f"{name} on {c.gpus:,} GPUs, {batch:,} sequences of {seq}:\n  published axes {str(e.dims)[13:-1]}: "
           f"{e.memory_peak / 1e9:.1f} GB, bubble {e.bubble:.0%}, MFU {e.mfu:.0%}\n  the planner's pick    "
           f"{str(pick)[13:-1]}: {best.memory_peak / 1e9:.1f} GB, bubble {best.bubble:.0%}, MFU {best.mfu:.0%}")
@@ -637,10 +637,12 @@ for name, preset, nodes, seq, batch, axes in cases:
 # with nothing overlapping it, where DeepSeek-V3 overlaps its all-to-alls with compute
 # (DualPipe), dispatches in FP8 and wrote its own all-to-all kernels (its report, sections
 # 3.2 and 3.3); the planner keeps EP inside a node (EP 8) and uses CP to cut activations
-# instead. For the dense models the planner's picks spend memory for MFU: ZeRO-1 in place
-# of OLMo's and Gemma 2's ZeRO-3 where the state fits (ZeRO-3 gathers every layer's weights
-# twice a step), and less TP than 8. The published meshes are what worked on real machines, with their own
-# kernels and networks; the planner's are what this model of a machine would do.
+# instead. For the dense models the planner's picks reach a higher MFU: ZeRO-1 in place of
+# OLMo's and Gemma 2's ZeRO-3 where the state fits (ZeRO-3 gathers every layer's weights
+# twice a step), and less TP than 8: for Yi and DeepSeek LLM TP 2, paid for with a deeper
+# pipeline (16 stages of ZB-H1) and its larger bubble (9%). The published meshes are what
+# worked on real machines, with their own kernels and networks; the planner's are what this
+# model of a machine would do.
 #
 # **Recomputation can raise throughput** (Narayanan et al.): memory freed by recomputing
 # activations buys micro-batches. Under GPipe, which holds every micro-batch's activations

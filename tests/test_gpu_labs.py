@@ -1,8 +1,9 @@
 """Every GPU lab runs on the CPU with gloo, with 2 and 4 processes, in float64 and float32,
 on one-axis and two-axis meshes; fails, with a message, when a piece of its result or of
 its trace is wrong or missing (in bfloat16 too); and issues the same calls as the lesson's
-algorithm on the emulator (its options, bfloat16 and one rank: tests/test_gpu_lab_options.py). Each lab's 4-process float32 run is launched by torchrun, the
-rest by the tests' forked launcher (:mod:`tests._launch`: the same ranks and environment)."""
+algorithm on the emulator (its options, bfloat16 and one rank: tests/test_gpu_lab_options.py).
+Each lab's 4-process float32 run is launched by torchrun, the rest by the tests' forked
+launcher (:mod:`tests._launch`: the same ranks and environment)."""
 
 import numpy as np
 import pytest

@@ -1,8 +1,9 @@
 """The planner's search: it ranks the valid plans and says why the others cannot run,
 answers for 16,384 GPUs with a plan that fits and uses them all (how long it takes:
 ``python -m benchmarks.search_speed``), finds on a cluster of a thousand GPUs the plan the
-exhaustive search finds (within 2%, and not when it leaves ZB-H1 out), and answers on the
-command line (its refusals there: tests/test_planner_cli.py)."""
+exhaustive search finds (within 2%, and not when it leaves ZB-H1 out), keeps a factorisation
+whose best-estimated setting the full account refuses, and answers on the command line (its
+refusals there: tests/test_planner_cli.py)."""
 
 import json
 
@@ -68,6 +69,18 @@ def test_the_check_fails_on_a_search_without_zb_h1(thousand_gpus, monkeypatch):
     monkeypatch.setattr(ranking, "_variants", lambda *a: [kw for kw in real(*a) if kw["schedule"] != "zb_h1"])
     (_, first), = search(m, c, 8192, 4 * 2**20, top=1)
     assert _misses(first, best)
+
+
+def test_a_setting_refused_in_full_gives_way_to_the_same_factorisations_next():
+    """Llama 3 405B on 256 H100s, 2M tokens: the closed form passes tp 8 pp 16 cp 2 under
+    ZB-H1, which needs more than 80 GB in full; its 1F1B setting fits and is the best plan."""
+    m, c = model_preset("llama3-405b"), cluster_preset("h100", nodes=32)
+    rejected = []
+    (dims, first), = search(m, c, 8192, 2 * 2**20, top=1, rejected=rejected)
+    refused = [r for r in rejected if "does not fit: pipeline stage" in r.reason]
+    assert any((r.dp, r.tp, r.pp, r.cp) == (dims.dp, dims.tp, dims.pp, dims.cp) for r in refused), refused
+    (_, best), = exhaustive_search(m, c, 8192, 2 * 2**20, top=1)
+    assert not _misses(first, best)
 
 
 def test_command_line(capsys):

@@ -11,7 +11,7 @@ from .memory import _actions, walked_micro_batches
 
 
 @lru_cache(maxsize=4096)
-def _chunk_counts(n_layers, p, v):
+def chunk_counts(n_layers, p, v):
     """``[rank][chunk] -> (embeds, blocks, heads)``: the layers of each of a rank's chunks."""
     names = split_names(n_layers, p * v)
     out = []
@@ -32,7 +32,7 @@ def _memory_rows(name, p, m, v, n_layers):
     before its first backward (the walk :func:`~emulator.planner.memory.stage_peaks`
     takes: GPipe all m, the others their first ``walked_micro_batches(p)``); rows that
     another row bounds in both are dropped."""
-    counts = _chunk_counts(n_layers, p, v)
+    counts = chunk_counts(n_layers, p, v)
     if name == "gpipe":
         before = [[m] * v for _ in range(p)]
     else:
@@ -57,7 +57,7 @@ def _memory_rows(name, p, m, v, n_layers):
 def _time_rows(p, v, n_layers):
     """Per rank: (its layers over every chunk, the layers of stages 0..r-1 of chunk 0 that
     its first forward waits for, the layers of its chunk-0 stage) as 3-vectors."""
-    counts = _chunk_counts(n_layers, p, v)
+    counts = chunk_counts(n_layers, p, v)
     out, chain = [], (0, 0, 0)
     for r in range(p):
         held = tuple(sum(counts[r][c][k] for c in range(v)) for k in range(3))

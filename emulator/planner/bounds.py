@@ -8,7 +8,7 @@ from ..machine import elementwise
 from ..mesh import DP_CP, EDP, REDUCED_OVER
 from ..parallel.data_parallel.ladder import uses_distributed_optimizer
 from ..parallel.dims import ParallelDims
-from .bound_rows import (_backward_classes, _chunk_counts, _ends_with_backward, _last_rank_of, _memory_rows,
+from .bound_rows import (_backward_classes, chunk_counts, _ends_with_backward, _last_rank_of, _memory_rows,
                          _time_classes, _time_rows)
 from .memory import byte_sizes, padded
 from .overlap import last_bucket_seconds
@@ -112,7 +112,7 @@ class Factorisation:
         else:
             return 0.0
         p = self.dims.pp
-        counts = _chunk_counts(self.model.n_layers, p, v)[r]
+        counts = chunk_counts(self.model.n_layers, p, v)[r]
         key = (z, v, r > 0, counts, self.timer.stage_key(r), tuple(tuple(x.params.items()) for x in kinds))
         hit = self._floor.get(key)
         if hit is None:

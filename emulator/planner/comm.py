@@ -97,8 +97,18 @@ def dp_tail(est, layers, per_layer, timer, timing, r, ctx, boundary):
                     host, op="reduce_scatter") - end
         layer_times = [[per_layer[r][c][j] for j in range(len(layers[c][r]))] for c in range(v)]
         return rs + gather_in_forward(timer, r, layers, layer_times, dims, ctx, sizes)
+    return closed_form_tail(timer, r, layers, dims, ctx)
+
+
+def closed_form_tail(timer, r, layers, dims, ctx):
+    """Rank r's data-parallel tail where no bucket overlaps it (ZeRO-1 without the
+    distributed optimizer: each layer's reduce-scatter and all-gather after backward; ZeRO-2:
+    the all-gathers, its reduce-scatters having run in backward; 0 otherwise)."""
+    z, groups, sizes = dims.zero_stage, timer.groups(r), byte_sizes(ctx)
     total = 0.0
-    for c in range(v):
+    if z not in (1, 2):
+        return total
+    for c in range(dims.v):
         for x in layers[c][r]:
             for group, elems in x.params.items():
                 axis = REDUCED_OVER[group]
@@ -108,8 +118,7 @@ def dp_tail(est, layers, per_layer, timer, timing, r, ctx, boundary):
                 full = -(-elems // n) * n
                 if z == 1:
                     total += timer.op(("c", "reduce_scatter", full * sizes["reduce"], axis), r)
-                if z in (1, 2):
-                    total += timer.op(("c", "all_gather", full * sizes["gather"], axis), r)
+                total += timer.op(("c", "all_gather", full * sizes["gather"], axis), r)
     return total
 
 

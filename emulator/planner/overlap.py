@@ -202,6 +202,26 @@ def last_bucket_seconds(timer, r, layers, dims, ctx, op):
     return out + (bucket_gathers(timer, r, buckets, sizes)[last] if op == "reduce_scatter" else 0.0)
 
 
+def tail_estimate(timer, r, layers, per_layer, dims, ctx, op, window):
+    """An estimate of rank r's data-parallel tail (not a bound: :func:`~.ranking.search`'s
+    closed form): the buckets' ``op``, one after another on each axis, issued during the
+    ``window`` seconds of the last micro-batch's backward, so what outlasts it shows (at
+    least the last bucket's); under the distributed optimizer (``op="reduce_scatter"``) the
+    parameter all-gathers the next forward waits for (:func:`gather_in_forward`;
+    ``per_layer[c][j]``: layer j of chunk c's seconds, as ``dp_tail`` reads them)."""
+    buckets, _ = _buckets(layers, r, dims, ctx, op)
+    sizes = byte_sizes(ctx)
+    per_axis = {}
+    for b in set(v for k, v in buckets.items() if k != "_layers"):
+        for axis, sec in bucket_seconds(timer, r, b, buckets, sizes, op).items():
+            per_axis[axis] = per_axis.get(axis, 0.0) + sec
+    last = max(bucket_seconds(timer, r, buckets[(0, 0)], buckets, sizes, op).values(), default=0.0)
+    out = max(last, max(per_axis.values(), default=0.0) - window)
+    if op == "reduce_scatter":
+        out += gather_in_forward(timer, r, layers, per_layer, dims, ctx, sizes)
+    return out
+
+
 def gather_in_forward(timer, r, layers, per_layer, dims, ctx, sizes):
     """Seconds a distributed optimizer's parameter all-gathers add to rank r's first
     forward: each bucket's is waited for before its first layer, the next one then issued
