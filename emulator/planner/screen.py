@@ -59,10 +59,13 @@ def screen(model, timer, kw, seq_len, tokens, hbm, ctx, tails):
     names = split_names(model.n_layers, p * v)
     flight = _in_flight(kw["schedule"], p, m, v)
     compositions = {}  # (embeds, blocks, heads) a rank holds -> the most micro-batches any such rank holds
-    for r in range(p):
+    deferred = {}  # -> of those, the most whose weight gradient waits (ZB-H1: rank r defers r), each
+    for r in range(p):  # also holding its output gradient
         stage = [n for c in range(v) for n in names[stage_of(p, r, c)]]
         comp = (stage.count("embed"), len(stage) - stage.count("embed") - stage.count("head"), stage.count("head"))
         compositions[comp] = max(compositions.get(comp, 0), flight[r])
+        if kw["schedule"] == "zb_h1":
+            deferred[comp] = max(deferred.get(comp, 0), min(r, m))
     layers = {}
     stages = (0, 1, 2, 3) if kw["dp"] * kw["cp"] > 1 else (0,)
     for recompute in ("none", "selective", "full"):
@@ -77,7 +80,8 @@ def screen(model, timer, kw, seq_len, tokens, hbm, ctx, tails):
             for cnt, held in compositions.items():
                 static = sum(k * sum(st[:3]) for k, st in zip(cnt, state))
                 gathered = max(st[3] for k, st in zip(cnt, state) if k)
-                worst = max(worst, static + gathered + held * sum(k * a for k, a in zip(cnt, act)) / v)
+                waiting = deferred.get(cnt, 0) * sum(k * x.grad_out for k, x in zip(cnt, kinds))
+                worst = max(worst, static + gathered + held * sum(k * a for k, a in zip(cnt, act)) / v + waiting)
             if worst <= hbm:
                 tried = [z] + ([1] if z == 0 and len(stages) > 1 and uses_distributed_optimizer(ctx.stack, 1) else [])
                 plans = [dims.replace(zero_stage=zz) for zz in tried]
