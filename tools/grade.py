@@ -83,10 +83,15 @@ def run_job(job, args):
 
 
 def orphans():
-    """End the processes that became this one's children when a runner ended (a double fork)."""
-    with RUNNERS_LOCK:
-        keep = set(RUNNERS)
-    return processes.end(lambda: processes.orphans_of(os.getpid(), keep=keep))
+    """End the processes that became this one's children when a runner ended (a double fork).
+    The runners alive are read again, under the lock that starting one holds, each time the
+    children are listed: a runner another thread starts meanwhile is never taken for one."""
+
+    def find():
+        with RUNNERS_LOCK:
+            return processes.orphans_of(os.getpid(), keep=set(RUNNERS))
+
+    return processes.end(find)
 
 
 def grade_file(path, folder, course, args, expect):
