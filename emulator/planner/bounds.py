@@ -10,7 +10,7 @@ from ..parallel.data_parallel.ladder import uses_distributed_optimizer
 from ..parallel.dims import ParallelDims
 from .bound_rows import (_backward_classes, chunk_counts, _ends_with_backward, _last_rank_of, _memory_rows,
                          _time_classes, _time_rows)
-from .memory import byte_sizes, padded
+from .memory import byte_sizes, padded, updated_elements
 from .overlap import last_bucket_seconds
 from .timer import Timer
 from .timing import bulk_saving, layer_times
@@ -64,14 +64,7 @@ class Factorisation:
 
     def updated(self, kinds, z):
         """Per kind: elements the optimizer updates (``_optimizer_seconds``'s count)."""
-        out = []
-        for x in kinds:
-            n = 0
-            for group, elems in x.params.items():
-                size = self.groups[group]
-                n += elems if (z == 0 or size == 1) else -(-elems // size)
-            out.append(n)
-        return out
+        return [updated_elements(x, self.groups, z) for x in kinds]
 
     def optimizer(self, n, key):
         hit = self._opt.get((n, key))

@@ -33,6 +33,14 @@ from ..parallel.pipeline.actions import stage_of
 KINDS = ("params", "grads", "optimizer", "activations", "buffers")
 
 
+def updated_elements(layer, groups, zero_stage):
+    """Elements of ``layer`` one rank's optimizer updates: all of them under ZeRO-0 or in a
+    group of one, else its shard of each unit (``groups``: ranks per unit kind, ``dense``
+    and ``experts``), as the data-parallel strategies count them."""
+    return sum(elems if (zero_stage == 0 or groups[group] == 1) else -(-elems // groups[group])
+               for group, elems in layer.params.items())
+
+
 def padded(elems, n):
     return -(-elems // n) * n
 

@@ -13,7 +13,7 @@ from ..parallel.pipeline.actions import stage_of
 from .bound_rows import chunk_counts
 from .comm import closed_form_tail
 from .layers import rank_layers, split_names
-from .memory import byte_sizes
+from .memory import byte_sizes, updated_elements
 from .overlap import tail_estimate
 from .timing import layer_times
 
@@ -97,8 +97,7 @@ def _estimate(timer, n_layers, kinds, compositions, dims, ctx, tails):
     p, m, v = dims.pp, dims.micro_batches, dims.v
     lt = [layer_times(timer, x, 0, dims, ctx) for x in kinds]  # stages alike on nodes
     groups = {"dense": dims.dp * dims.cp, "experts": dims.dp * dims.cp // dims.ep}
-    updated = [sum(e if dims.zero_stage == 0 or groups[g] == 1 else -(-e // groups[g]) for g, e in x.params.items())
-               for x in kinds]
+    updated = [updated_elements(x, groups, dims.zero_stage) for x in kinds]
     worst = max(compositions, key=lambda cnt: sum(k * n for k, n in zip(cnt, updated)))
     n = sum(k * u for k, u in zip(worst, updated))
     update = timer.ops(elementwise.optimizer_update(ctx.stack, n, ctx.precision, ctx.array), 0)
@@ -113,12 +112,12 @@ def _tail(timer, n_layers, kinds, lt, dims, ctx, cache):
     :func:`~.overlap.tail_estimate` with that backward (``lt``: its layers' seconds) as the
     window; else (ZeRO-1 without the distributed optimizer, ZeRO-2) every layer's
     collectives, after it, as :func:`~.comm.dp_tail` adds them; none under ZeRO-3.
-    ``cache``: one factorisation's, by ZeRO stage, schedule, chunks and layers."""
+    ``cache``: one factorisation's, by ZeRO stage, schedule, recomputation, chunks and layers."""
     z = dims.zero_stage
     if z == 3:
         return 0.0
     p, v = dims.pp, dims.v
-    key = (z, dims.schedule, v, n_layers, tuple(map(id, kinds)))
+    key = (z, dims.schedule, dims.recompute, v, n_layers, tuple(map(id, kinds)))
     if key not in cache:
         counts = chunk_counts(n_layers, p, v)
         out = 0.0

@@ -84,13 +84,11 @@ class DataParallelStrategy:
 
     def optimizer_work(self):
         """The declared kernels of this rank's update (:func:`emulator.machine.elementwise.optimizer_update`)."""
-        ctx = self.comm.work_context(self.param_dtype)
-        return elementwise.optimizer_update(ctx.stack, self.updated_elements(), ctx.precision, ctx.array)
+        return update_work(self.comm, self.param_dtype, self.updated_elements())
 
     def charge_update(self):
         """Advance the clock by the optimizer's update, as declared."""
-        with self.comm.declared(self.optimizer_work, "optimizer step"):
-            self.comm.charge("optimizer")
+        charge_update(self.comm, self.param_dtype, self.updated_elements())
 
     # ----------------------------------------------------------------- helpers
     def entry(self, name):
@@ -153,3 +151,17 @@ class DataParallelStrategy:
         else:
             grad_shards[name] = mine
             self.memory.hold(f"grads:{name}", mine, "grads")
+
+
+def update_work(comm, dtype, elements):
+    """The declared kernels of an optimizer update of ``elements`` parameters of ``dtype`` on
+    ``comm``'s rank (:func:`emulator.machine.elementwise.optimizer_update`, under the run's stack)."""
+    ctx = comm.work_context(dtype)
+    return elementwise.optimizer_update(ctx.stack, elements, ctx.precision, ctx.array)
+
+
+def charge_update(comm, dtype, elements):
+    """Advance ``comm``'s clock by that update, as declared (every strategy's, and a pipeline
+    stage's own: :class:`emulator.parallel.pipeline.partition.ReplicatedParams`)."""
+    with comm.declared(lambda: update_work(comm, dtype, elements), "optimizer step"):
+        comm.charge("optimizer")

@@ -6,7 +6,7 @@ data-parallel group with an optimizer of their own (:class:`ReplicatedParams`)."
 import numpy as np
 
 from ...errors import ConfigError
-from ...machine import elementwise
+from ..data_parallel.strategy import charge_update
 from .actions import stage_of
 
 
@@ -74,20 +74,13 @@ class ReplicatedParams(LocalParams):
     summed gradients (``{"layer.key": array}``) to ``sync(dp, grads)``, which returns them
     averaged over the group (:func:`~.executor.sync_dp_grads`: one flat all-reduce), and
     ``opt`` updates the parameters, its kernels charged on ``comm``'s clock as the
-    data-parallel strategies charge theirs
-    (:meth:`~emulator.parallel.data_parallel.strategy.DataParallelStrategy.charge_update`)."""
+    data-parallel strategies charge theirs (:func:`~emulator.parallel.data_parallel.strategy.charge_update`)."""
 
     def __init__(self, memory, params_by_layer, opt, dp=None, sync=None, comm=None):
         super().__init__(memory, params_by_layer)
         self.opt, self.dp, self.sync, self.comm = opt, dp, sync, comm
         self.state = opt.init(self.flat_params())
         memory.hold("optimizer", self.state, "optimizer")
-
-    def optimizer_work(self):
-        """The declared kernels of the update of every parameter this stage holds."""
-        flat = self.flat_params()
-        ctx = self.comm.work_context(next(iter(flat.values())).dtype)
-        return elementwise.optimizer_update(ctx.stack, sum(a.size for a in flat.values()), ctx.precision, ctx.array)
 
     def flat_params(self):
         """The parameters as ``{"layer.key": array}``."""
@@ -100,8 +93,7 @@ class ReplicatedParams(LocalParams):
         flat = self.flat_params()
         new, self.state = self.opt.step(flat, {k: g.astype(flat[k].dtype) for k, g in grads.items()}, self.state)
         if self.comm is not None and flat:
-            with self.comm.declared(self.optimizer_work, "optimizer step"):
-                self.comm.charge("optimizer")
+            charge_update(self.comm, next(iter(flat.values())).dtype, sum(a.size for a in flat.values()))
         keys = {f"{n}.{k}": (n, k) for n, p in self.params.items() for k in p}
         for key, value in new.items():
             layer, name = keys[key]
