@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from emulator.errors import ConfigError
 from emulator.planner import cluster_preset, enumerate_plans, model_preset, ranking, screen, search
 from emulator.planner.__main__ import main as cli
 from emulator.planner.exhaustive import exhaustive_search
@@ -104,6 +105,16 @@ def test_the_closed_form_is_within_three_percent_of_the_full_account(monkeypatch
 def test_the_check_fails_on_a_closed_form_without_the_data_parallel_tail(monkeypatch):
     monkeypatch.setattr(screen, "_tail", lambda *a: 0.0)
     assert _closed_form_error(monkeypatch) > 0.03
+
+
+@pytest.mark.parametrize("bad", [dict(top=0), dict(top=-1), dict(top=2.5), dict(top=True), dict(full_evaluations=0),
+                                 dict(full_evaluations=-1)])
+@pytest.mark.parametrize("searcher", [search, exhaustive_search], ids=["search", "exhaustive_search"])
+def test_a_count_of_plans_that_is_not_a_positive_whole_number_is_refused(searcher, bad):
+    (name, value), = bad.items()
+    with pytest.raises(ConfigError, match=rf"{searcher.__name__}: {name} must be a positive whole number of plans, "
+                                          rf"got {value!r}"):
+        searcher(model_preset("llama3-8b"), cluster_preset("h100", nodes=1), 4096, 2**20, **bad)
 
 
 def test_command_line(capsys):

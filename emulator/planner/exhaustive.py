@@ -31,7 +31,7 @@ from .evaluate import evaluate, structural_problems
 from .layers import rank_layers, split_names
 from .memory import stage_peaks
 from .precision_of import plan_context
-from .ranking import Rejected, best_first, divisors, enumerate_plans
+from .ranking import Rejected, best_first, divisors, enumerate_plans, plan_counts
 
 
 SCHEDULES = ("1f1b", "interleaved_1f1b", "zb_h1", "gpipe")
@@ -152,6 +152,7 @@ def exhaustive_search(model, cluster, seq_len, global_batch_tokens, top=10, para
     no shorter than the ``top``-th best step found, so no plan left out is faster than
     one returned. ``full_evaluations``: at most this many full evaluations (None: as many
     as the proof needs; fewer may miss the best)."""
+    plan_counts("exhaustive_search", top, full_evaluations)
     ctx = plan_context(stack, precision, param_bytes, mixed)
     model = model.with_seq(seq_len)
     rej = []

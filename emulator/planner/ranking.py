@@ -21,6 +21,7 @@ import heapq
 from dataclasses import dataclass
 from math import gcd
 
+from ..errors import ConfigError
 from ..parallel.dims import ParallelDims
 from .evaluate import evaluate, structural_problems
 from .precision_of import plan_context
@@ -46,6 +47,16 @@ class Rejected:
     def of(cls, dims, reason):
         """The rejection of plan ``dims`` (a ParallelDims) for ``reason``."""
         return cls(dims.dp, dims.tp, dims.pp, dims.cp, dims.ep, reason)
+
+
+def plan_counts(what, top, full_evaluations):
+    """Refuse a ``top`` or ``full_evaluations`` that is not a positive whole number (None:
+    the default, for ``full_evaluations``), naming the search and the value."""
+    for name, value in (("top", top), ("full_evaluations", full_evaluations)):
+        if name == "full_evaluations" and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{what}: {name} must be a positive whole number of plans, got {value!r}")
 
 
 def best_first(ranked, rej, rejected, top):
@@ -123,6 +134,7 @@ def search(model, cluster, seq_len, global_batch_tokens, top=10, param_bytes=Non
     how many valid plans, one per factorisation, best estimated first, are evaluated in full
     and re-ranked; a setting the full account refuses gives way to its factorisation's next,
     and no more than twice that many are evaluated in all."""
+    plan_counts("search", top, full_evaluations)
     ctx = plan_context(stack, precision, param_bytes, mixed)
     model = model.with_seq(seq_len)
     bases, rej = enumerate_plans(model, cluster, seq_len, global_batch_tokens)
@@ -144,7 +156,7 @@ def search(model, cluster, seq_len, global_batch_tokens, top=10, param_bytes=Non
             continue
         found.sort(key=lambda hit: hit[0])
         heapq.heappush(heap, (found[0][0], i, [(t, dims) for t, _, dims in found]))
-    n = full_evaluations or top + 4
+    n = top + 4 if full_evaluations is None else full_evaluations
     ranked, evaluated = [], 0
     while heap and len(ranked) < n and evaluated < 2 * n:
         _, i, ((_, dims), *others) = heapq.heappop(heap)
