@@ -72,6 +72,29 @@ def test_the_presets_differ_in_the_kernels_they_run():
     assert not any(k.name.endswith("accumulate") for k in works["megatron-core"].kernels("backward_weight"))
 
 
+def test_the_torch_stacks_run_flashattention_2_and_megatron_the_hopper_kernel():
+    """PyTorch's SDPA runs FlashAttention-2 (its flash backend): on H100 about half FA3's
+    rate (FlashAttention-2's Fig. 7 against FlashAttention-3's Fig. 5 and 6); on A100 FA2 is
+    the fused kernel every stack runs."""
+    from emulator.machine.device import Device
+
+    kinds = {n: {k.impl for k in block_work(LLAMA_BLOCK, context(n)).kernels() if k.kind == "attention"}
+             for n in NAMES if stack_preset(n).attention == "flash"}
+    assert kinds == {"megatron-core": {"flash"}, "pytorch-eager": {"flash2"}, "pytorch-compile": {"flash2"}}
+    h100, a100 = Device.h100(), Device.a100()
+    core, eager = (next(k for k in block_work(LLAMA_BLOCK, context(n)).kernels("forward") if k.kind == "attention")
+                   for n in ("megatron-core", "pytorch-eager"))
+    assert 1.6 < h100.time(eager) / h100.time(core) < 2.2
+    assert a100.time(eager) == a100.time(core)
+    m, c = model_preset("llama3-8b"), cluster_preset("h100", nodes=1)
+    dims = ParallelDims(dp=8, zero_stage=3)
+    attention = {s: evaluate(m, c, dims, 8192, 16 * 8192, stack=stack_preset("pytorch-eager").replace(flash_kernel=s))
+                 .breakdown["attention"] for s in ("flash", "flash2")}
+    assert attention["flash2"] > 1.5 * attention["flash"]
+    with pytest.raises(ConfigError, match="flash_kernel"):
+        stack_preset().replace(flash_kernel="fa4")
+
+
 def test_a_plan_costs_more_on_the_stacks_that_fuse_less():
     m, c = model_preset("llama3-8b"), cluster_preset("h100", nodes=1)
     dims = ParallelDims(dp=2, tp=4, sequence_parallel=True, micro_batches=4)

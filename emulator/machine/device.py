@@ -18,7 +18,8 @@ achieve instead (the figures and their sources: :mod:`emulator.machine.device_ca
   when it is large, and is bound by HBM when k or m is small (a matrix-vector product reads
   its whole weight for 2 FLOPs per element). H100: E = 0.835, k0 = 512, t0 = 4 us, so an
   8192^3 product reaches 78% of the dense bf16 peak and a 1024^3 one 27%.
-* **attention** (FlashAttention: FA3 on H100/H200, FA2 on A100), per pass (forward: the
+* **attention** (FlashAttention: FA3 on H100/H200, FA2 on A100; a kernel whose ``impl`` is
+  ``"flash2"`` runs FA2's rates on H100 too, as PyTorch's SDPA does), per pass (forward: the
   kernel's ``passes`` <= 2; backward otherwise), head dim d and key length s::
 
       rate = R(d) * s / (s + s_half(d)),    t = max(flops / rate, bytes / (eta * hbm)) + t0
@@ -48,6 +49,7 @@ from .kernels import Kernel
 from .work import KERNELS
 from .frozen import hash_once
 
+ATTENTION_IMPLS = ("flash", "flash2")  # the device's fastest fused kernel; FlashAttention-2
 H100_BF16_FLOPS = 989e12  # H100 SXM, dense bf16, without sparsity (NVIDIA H100 datasheet)
 A100_BF16_FLOPS = 312e12  # A100 SXM, dense bf16 (NVIDIA A100 datasheet)
 
@@ -83,7 +85,7 @@ class Device:
                     and r.launch_seconds >= 0):
                 raise ConfigError(f"Device {self.name!r}: efficiencies must be in (0, 1] and overheads >= 0, "
                                   f"got {r[:4]}")
-            for pass_, masked, d, rate, s_half in r.attention:
+            for pass_, masked, d, rate, s_half in r.attention + r.attention_flash2:
                 if not (0 < rate <= self.peak_flops and s_half >= 0):
                     raise ConfigError(f"Device {self.name!r}: attention rate for {pass_}, d={d} must be in "
                                       f"(0, peak] with s_half >= 0, got ({rate:g}, {s_half})")
@@ -142,23 +144,32 @@ class Device:
         count = max(1, round(kernel.flops / (2.0 * m * n * k)))  # a batch of products: one kernel
         return _gemm_seconds(self, m, n, k, count, kernel.nbytes)
 
-    def attention_rate(self, pass_, head_dim, s_k, masked):
-        """FLOP/s of a FlashAttention kernel: ``R(d) s / (s + s_half(d))`` (module docstring)."""
-        rate, s_half = self._attention_curve(pass_, head_dim, masked)
+    def attention_rate(self, pass_, head_dim, s_k, masked, impl="flash"):
+        """FLOP/s of a FlashAttention kernel: ``R(d) s / (s + s_half(d))`` (module docstring).
+        ``impl``: ``"flash"``, the device's fastest fused kernel; ``"flash2"``, FlashAttention-2
+        (the same on A100)."""
+        rate, s_half = self._attention_curve(pass_, head_dim, masked, self._attention_rows(impl))
         return rate * s_k / (s_k + s_half)
 
-    def _attention_curve(self, pass_, head_dim, masked):
-        """(R, s_half) at ``head_dim``; a masked curve the papers do not show (H100's masked
-        backward) takes from R and adds to s_half what masking does to the forward."""
-        rows = self.rates.attention
+    def _attention_rows(self, impl):
+        if impl not in ATTENTION_IMPLS:
+            raise ConfigError(f"Device {self.name!r}: unknown attention kernel {impl!r}; "
+                              f"known: {', '.join(ATTENTION_IMPLS)}")
+        return self.rates.attention_flash2 if impl == "flash2" and self.rates.attention_flash2 \
+            else self.rates.attention
+
+    def _attention_curve(self, pass_, head_dim, masked, rows):
+        """(R, s_half) at ``head_dim`` from ``rows``; a masked curve the papers do not show
+        (H100's masked backward) takes from R and adds to s_half what masking does to the
+        forward."""
         table = {d: (rate, s_half) for p, m, d, rate, s_half in rows if (p, m) == (pass_, masked)}
         if table:
             return _interpolate(table, head_dim)
         if not masked:  # no backward measured: the forward's curve
-            return self._attention_curve("fwd", head_dim, False)
+            return self._attention_curve("fwd", head_dim, False, rows)
         if pass_ == "fwd" or not any(row[:2] == ("fwd", True) for row in rows):  # no mask measured at all
-            return self._attention_curve(pass_, head_dim, False)
-        (r, s), (rf, sf), (rm, sm) = (self._attention_curve(*key) for key in
+            return self._attention_curve(pass_, head_dim, False, rows)
+        (r, s), (rf, sf), (rm, sm) = (self._attention_curve(*key, rows) for key in
                                       ((pass_, head_dim, False), ("fwd", head_dim, False), ("fwd", head_dim, True)))
         return r * rm / rf, max(0.0, s + sm - sf)
 
@@ -170,10 +181,11 @@ class Device:
             raise ConfigError(f"Device {self.name!r}: an attention kernel computes a fraction in (0, 1] of its "
                               f"score blocks, got {fraction}")
         pass_ = "fwd" if passes <= 2 else "bwd"
+        impl = getattr(kernel, "impl", "flash")
         memory = kernel.nbytes / self.achieved_hbm
-        t = max(kernel.flops / fraction / self.attention_rate(pass_, d, s_k, False), memory)  # every block
+        t = max(kernel.flops / fraction / self.attention_rate(pass_, d, s_k, False, impl), memory)  # every block
         if fraction < 1:
-            t = min(t, max(kernel.flops / self.attention_rate(pass_, d, s_k, True), memory))
+            t = min(t, max(kernel.flops / self.attention_rate(pass_, d, s_k, True, impl), memory))
         return t + self.rates.launch_seconds
 
     def _memory(self, kernel):

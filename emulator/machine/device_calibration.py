@@ -42,6 +42,10 @@ A100 (FA2)  fwd+bwd  64   -     132   . 162 171 175 176  131 150 163 169 173 175
 A100 (FA2)  fwd+bwd  128  -       .   . 187 196 201 203  145 170 186 196 201 203  4b
 A100 (FA2)  fwd+bwd  64   yes    88 119 140 156 165 171   88 117 141 156 166 171  4c
 A100 (FA2)  fwd+bwd  128  yes    99 133 155 173 182 189   98 130 156 172 182 187  4d
+H100 (FA2)  fwd+bwd  64   -     215 254 274 288 294 296  216 252 275 288 295 298  7a
+H100 (FA2)  fwd+bwd  128  -     248 294 320 326 335 338  250 290 316 330 338 342  7b
+H100 (FA2)  fwd+bwd  64   yes   141 192 232 257 273 284  142 191 231 259 275 284  7c
+H100 (FA2)  fwd+bwd  128  yes   163 221 265 294 308 328  165 220 265 295 313 323  7d
 ==========  =======  ===  ====  =======================  =======================  ====
 
 (a dot: a value the figure's legend hides.)
@@ -74,7 +78,10 @@ Sources:
   also github.com/Dao-AILab/flash-attention assets/flash3_fp16_fwd.png. The paper gives no
   causal backward.
 * FA2: T. Dao, *FlashAttention-2*, arXiv 2307.08691, Fig. 4 (forward + backward, A100 80GB
-  SXM4), also assets/flash2_a100_fwd_bwd_benchmark.png; the FLOP count is
+  SXM4), also assets/flash2_a100_fwd_bwd_benchmark.png; Fig. 7 (forward + backward, H100
+  80GB SXM5: the same kernel without Hopper's TMA and warpgroup instructions, which
+  PyTorch's SDPA runs as its flash backend), also assets/flash2_h100_fwd_bwd_benchmark.png
+  (flash-attention at 0251105a), whose bars carry the numbers; the FLOP count is
   benchmarks/benchmark_flash_attention.py's ``flops()`` in that repository.
 * [HBM] github.com/Azure/AI-benchmarking-guide, Azure_Results/ND_{H100,H200,A100}_v{5,5,4}
   _results.md, "HBM Bandwidth" (BabelStream).
@@ -100,7 +107,10 @@ each constant was chosen, and what no figure above pins down:
   take 5.2 us at least: that is the H100's fixed cost per GEMM (attention keeps 4 us). XLA's 4096^3 (783 TFLOP/s) is 9% above fast.cu's
   cuBLAS figure for the same shape (716): both are kept. A100: the nine figures above, worst
   8.5%.
-* Attention: (R, s_half) per curve, fitted to its six points (worst 6%).
+* Attention: (R, s_half) per curve, fitted to its six points (worst 6%). Where a figure
+  times both passes together (FA2), both passes get the curve's rate. On H100 a kernel says
+  which it is (``impl``: ``"flash"``, FA3's rates; ``"flash2"``, FA2's); the stack chooses
+  (:attr:`~emulator.machine.stack.Stack.flash_kernel`).
 * HBM: one share of the datasheet per GPU, between each GPU's copy and triad figures.
 * H200: the H100's GEMM and attention constants (same SMs and clocks; the MAMF table
   notes "H200 is the same"); only its HBM is its own. Not checked against an H200 kernel
@@ -125,6 +135,7 @@ class AttentionFigure(NamedTuple):
     seqlen: int
     tflops: float
     source: str
+    kernel: str = "flash"  # "flash2": FlashAttention-2 on a device whose fastest kernel is another
 
     @property
     def batch(self):
@@ -194,22 +205,27 @@ PUBLISHED_GEMM += tuple(GemmFigure("H100", (m, n, k), tflops, XLA) for (n, k), r
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 _FA3 = "FlashAttention-3, arXiv 2407.08608v2, Fig. "
 _FA2 = "FlashAttention-2, arXiv 2307.08691, Fig. "
-_CURVES = (  # device, passes, head dim, causal, figures at SEQLENS (None: hidden by the legend), source
-    ("H100", "fwd", 64, False, (333, 392, 460, 476, 496, 497), _FA3 + "5a"),
-    ("H100", "fwd", 64, True, (197, 265, 371, 420, 460, 473), _FA3 + "5b"),
-    ("H100", "fwd", 128, False, (467, 565, 625, 638, 646, 648), _FA3 + "5c"),
-    ("H100", "fwd", 128, True, (292, 423, 521, 579, 602, 616), _FA3 + "5d"),
-    ("H100", "fwd", 256, False, (482, 627, 707, 736, 746, 756), _FA3 + "5e"),
-    ("H100", "fwd", 256, True, (286, 427, 537, 612, 628, 642), _FA3 + "5f"),
-    ("H100", "bwd", 64, False, (272, 363, 422, 453, 472, 474), _FA3 + "6a"),
-    ("H100", "bwd", 128, False, (316, 424, 501, 542, 559, 561), _FA3 + "6b"),
-    ("A100", "fwd+bwd", 64, False, (132, None, 162, 171, 175, 176), _FA2 + "4a"),
-    ("A100", "fwd+bwd", 128, False, (None, None, 187, 196, 201, 203), _FA2 + "4b"),
-    ("A100", "fwd+bwd", 64, True, (88, 119, 140, 156, 165, 171), _FA2 + "4c"),
-    ("A100", "fwd+bwd", 128, True, (99, 133, 155, 173, 182, 189), _FA2 + "4d"),
+_CURVES = (  # device, passes, head dim, causal, figures at SEQLENS (None: hidden by the legend), source,
+    # kernel ("flash": the device's fastest; "flash2": FlashAttention-2 where that is not it)
+    ("H100", "fwd", 64, False, (333, 392, 460, 476, 496, 497), _FA3 + "5a", "flash"),
+    ("H100", "fwd", 64, True, (197, 265, 371, 420, 460, 473), _FA3 + "5b", "flash"),
+    ("H100", "fwd", 128, False, (467, 565, 625, 638, 646, 648), _FA3 + "5c", "flash"),
+    ("H100", "fwd", 128, True, (292, 423, 521, 579, 602, 616), _FA3 + "5d", "flash"),
+    ("H100", "fwd", 256, False, (482, 627, 707, 736, 746, 756), _FA3 + "5e", "flash"),
+    ("H100", "fwd", 256, True, (286, 427, 537, 612, 628, 642), _FA3 + "5f", "flash"),
+    ("H100", "bwd", 64, False, (272, 363, 422, 453, 472, 474), _FA3 + "6a", "flash"),
+    ("H100", "bwd", 128, False, (316, 424, 501, 542, 559, 561), _FA3 + "6b", "flash"),
+    ("A100", "fwd+bwd", 64, False, (132, None, 162, 171, 175, 176), _FA2 + "4a", "flash"),
+    ("A100", "fwd+bwd", 128, False, (None, None, 187, 196, 201, 203), _FA2 + "4b", "flash"),
+    ("A100", "fwd+bwd", 64, True, (88, 119, 140, 156, 165, 171), _FA2 + "4c", "flash"),
+    ("A100", "fwd+bwd", 128, True, (99, 133, 155, 173, 182, 189), _FA2 + "4d", "flash"),
+    ("H100", "fwd+bwd", 64, False, (215, 254, 274, 288, 294, 296), _FA2 + "7a", "flash2"),
+    ("H100", "fwd+bwd", 128, False, (248, 294, 320, 326, 335, 338), _FA2 + "7b", "flash2"),
+    ("H100", "fwd+bwd", 64, True, (141, 192, 232, 257, 273, 284), _FA2 + "7c", "flash2"),
+    ("H100", "fwd+bwd", 128, True, (163, 221, 265, 294, 308, 328), _FA2 + "7d", "flash2"),
 )
-PUBLISHED_ATTENTION = tuple(AttentionFigure(dev, passes, d, causal, s, v, src)
-                            for dev, passes, d, causal, values, src in _CURVES
+PUBLISHED_ATTENTION = tuple(AttentionFigure(dev, passes, d, causal, s, v, src, kernel)
+                            for dev, passes, d, causal, values, src, kernel in _CURVES
                             for s, v in zip(SEQLENS, values) if v is not None)
 
 PUBLISHED_HBM = (
@@ -240,6 +256,7 @@ class Rates(NamedTuple):
     split_k_seconds: float = 0.0
     sweep: tuple = ()
     gemm_launch: float = None  # a GEMM's fixed cost, where the sweep pins it (None: launch_seconds)
+    attention_flash2: tuple = ()  # FlashAttention-2's rows, where it is not the device's fastest (H100)
 
 
 _H100_ATTENTION = (  # FlashAttention-3, fitted to Fig. 5 and 6
@@ -247,6 +264,9 @@ _H100_ATTENTION = (  # FlashAttention-3, fitted to Fig. 5 and 6
     ("fwd", True, 64, 506e12, 856), ("fwd", True, 128, 657e12, 608), ("fwd", True, 256, 693e12, 688),
     ("bwd", False, 64, 495e12, 400), ("bwd", False, 128, 590e12, 424),
 )
+_H100_FLASH2 = tuple(  # FlashAttention-2 on H100, fitted to its Fig. 7, which times both passes together
+    (pass_, masked, d, rate, s_half) for pass_ in ("fwd", "bwd") for masked, d, rate, s_half in (
+        (False, 64, 302e12, 200), (False, 128, 346e12, 192), (True, 64, 293e12, 536), (True, 128, 333e12, 512)))
 _A100_ATTENTION = tuple(  # FlashAttention-2, fitted to Fig. 4, which times both passes together
     (pass_, masked, d, rate, s_half) for pass_ in ("fwd", "bwd") for masked, d, rate, s_half in (
         (False, 64, 177e12, 176), (False, 128, 206e12, 208), (True, 64, 176e12, 504), (True, 128, 193e12, 480)))
@@ -254,7 +274,7 @@ _A100_ATTENTION = tuple(  # FlashAttention-2, fitted to Fig. 4, which times both
 _H100_SWEEP = tuple(((m, n, k), tflops) for (n, k), row in XLA_H100_GRID for m, tflops in zip(XLA_M, row))
 
 RATES = {
-    "H100": Rates(0.88, 256, 4e-6, 0.89, _H100_ATTENTION, 8.0, 1e-6, _H100_SWEEP, 5e-6),
-    "H200": Rates(0.88, 256, 4e-6, 0.85, _H100_ATTENTION, 8.0, 1e-6, _H100_SWEEP, 5e-6),  # H100's compute (MAMF)
+    "H100": Rates(0.88, 256, 4e-6, 0.89, _H100_ATTENTION, 8.0, 1e-6, _H100_SWEEP, 5e-6, _H100_FLASH2),
+    "H200": Rates(0.88, 256, 4e-6, 0.85, _H100_ATTENTION, 8.0, 1e-6, _H100_SWEEP, 5e-6, _H100_FLASH2),  # H100's compute (MAMF)
     "A100": Rates(0.90, 512, 8e-6, 0.82, _A100_ATTENTION, 0.0, 1e-6, (), 4e-6),
 }

@@ -37,13 +37,14 @@ class RingAttention:
     head_dim: int = 128
     passes: int = 2
     compute: str = "bf16"
+    impl: str = "flash"  # the fused kernel (:attr:`~emulator.machine.stack.Stack.flash_kernel`)
 
     __hash__ = hash_once  # the blocks of a long ring are long: hashed once
 
     def kernels(self, t):
         """Step t's kernels."""
         return tuple(Attention(f"attention: ring step {t}", self.heads, 1, sq, sk, self.head_dim, self.passes, 1.0,
-                               self.compute) for sq, sk in self.blocks[t])
+                               self.compute, self.impl) for sq, sk in self.blocks[t])
 
     @cached_property
     def steps(self):

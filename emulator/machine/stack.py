@@ -7,6 +7,9 @@ behind compute, and what each kernel costs the host.
 * ``attention``: ``"flash"`` (one fused kernel per pass: FlashAttention or cuDNN's) or
   ``"unfused"`` (the scores as batched GEMMs, written to HBM, with separate softmax and
   dropout kernels, as Megatron-LM ran before FlashAttention);
+* ``flash_kernel``: which fused kernel: ``"flash"``, the device's fastest (on H100, FA3's
+  rates, which cuDNN's fused attention matches: Transformer Engine's), or ``"flash2"``,
+  FlashAttention-2 (PyTorch's SDPA flash backend; on H100 about half FA3's rate);
 * ``fused``: the elementwise fusions it has (:data:`FUSIONS`); without one, each op of the
   chain is its own kernel with its own HBM traffic (:mod:`emulator.machine.elementwise`);
 * ``grad_overlap``: ``"backward"``: data-parallel gradients reduced in buckets while
@@ -36,6 +39,7 @@ from .precision import PRESETS as POLICIES
 from .precision import Precision, precision_preset
 from .stack_sources import MEGATRON_2021, MEGATRON_CORE, PYTORCH_COMPILE, PYTORCH_EAGER
 from .frozen import hash_once
+from .device import ATTENTION_IMPLS
 
 FUSIONS = {
     "norm": "a norm's forward (and its backward) as one kernel, its output cast to the compute dtype",
@@ -87,11 +91,14 @@ class Stack:
     launch: float
     dispatch: float
     sources: dict = field(default_factory=dict, compare=False, repr=False)
+    flash_kernel: str = "flash"
 
     def __post_init__(self):
         bad = []
         if self.attention not in ("flash", "unfused"):
             bad.append(f"attention={self.attention!r} (use 'flash' or 'unfused')")
+        if self.flash_kernel not in ATTENTION_IMPLS:
+            bad.append(f"flash_kernel={self.flash_kernel!r} (use {' or '.join(map(repr, ATTENTION_IMPLS))})")
         unknown = set(self.fused) - set(FUSIONS)
         if unknown:
             bad.append(f"fused={sorted(unknown)} (known: {', '.join(FUSIONS)})")
@@ -115,7 +122,7 @@ class Stack:
     def describe(self):
         """A few lines a person reads: each setting and its source."""
         lines = [f"{self.name}: {self.title}", f"  precision: {self.precision.describe()}",
-                 f"  attention: {self.attention}", f"  fused: {', '.join(sorted(self.fused)) or 'nothing'}",
+                 f"  attention: {self.attention}" + (f" ({self.flash_kernel})" if self.attention == "flash" else ""), f"  fused: {', '.join(sorted(self.fused)) or 'nothing'}",
                  f"  gradient reduction: {self.grad_overlap}, buckets {self.bucket}",
                  f"  overlaps: param gather {self.param_gather_overlap}, FSDP prefetch {self.fsdp_prefetch}, "
                  f"TP comm {self.tp_comm_overlap} ({self.tp_overlap_sms} SMs), p2p {self.p2p_overlap}",
@@ -141,11 +148,13 @@ PRESETS = {
     "pytorch-eager": Stack(
         "pytorch-eager", "PyTorch eager with torch.distributed (DDP, FSDP2, DTensor TP), as torchtitan writes a model",
         POLICIES["fsdp2-bf16"], "flash", frozenset({"norm", "adam"}), "backward",
-        Bucket("bytes", 25 * 2**20, first=2**20), False, True, False, 0, False, 1.1e-6, 7e-6, PYTORCH_EAGER),
+        Bucket("bytes", 25 * 2**20, first=2**20), False, True, False, 0, False, 1.1e-6, 7e-6, PYTORCH_EAGER,
+        flash_kernel="flash2"),
     "pytorch-compile": Stack(
         "pytorch-compile", "PyTorch with torch.compile (Inductor's fused elementwise kernels)",
         POLICIES["fsdp2-bf16"], "flash", frozenset({"norm", "adam", "elementwise"}), "backward",
-        Bucket("bytes", 25 * 2**20, first=2**20), False, True, False, 0, False, 1.1e-6, 6.8e-6, PYTORCH_COMPILE),
+        Bucket("bytes", 25 * 2**20, first=2**20), False, True, False, 0, False, 1.1e-6, 6.8e-6, PYTORCH_COMPILE,
+        flash_kernel="flash2"),
 }
 
 

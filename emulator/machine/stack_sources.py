@@ -13,7 +13,9 @@ its quote.
   elementwise fusions, gradients all-reduced after the pipeline flush, fp16 weights with
   fp32 main gradients;
 * ``"pytorch-eager"``: PyTorch eager with ``torch.distributed`` (DDP, FSDP2, DTensor TP), as
-  torchtitan writes a model: SDPA's flash attention, every other op its own kernel, FSDP2's
+  torchtitan writes a model: SDPA's flash backend, FlashAttention-2 (on H100 SDPA prefers
+  cuDNN's kernel only with a cuDNN newer than 9.15.0, which torch's CUDA 12 wheels do not
+  ship; a stack with ``flash_kernel="flash"`` models that case), every other op its own kernel, FSDP2's
   prefetch, DDP's 25 MB buckets, bf16 under FSDP2's ``MixedPrecisionPolicy``;
 * ``"pytorch-compile"``: the same with ``torch.compile``: Inductor fuses each chain of
   pointwise and reduction ops between two GEMMs into one generated kernel.
@@ -134,6 +136,11 @@ PYTORCH_EAGER = {
     "attention": _src(PT, "torch/nn/functional.py", "6417-6428",
                       "There are currently three supported implementations of scaled dot product attention: "
                       "FlashAttention-2 ... All implementations are enabled by default."),
+    "flash_kernel": _src(("pytorch/pytorch", "001f694aef6f922b4fdf6d27d59162d27bf3df58"),
+                         "aten/src/ATen/native/transformers/cuda/sdp_utils.cpp", "96-107, 120",
+                         "// cuDNN 9.15.1 required for seq_len not divisible by 128 fix, CUDA <= 12.9 wheels "
+                         "ship with older cuDNN ... return cudnn_version > 91500 && (major == 9 || major == 10) "
+                         "...; // flash_attention V2 is universally faster than efficient_attention and Math"),
     "fused.norm": Source("pytorch/pytorch", "", "aten/src/ATen/native/native_functions.yaml", "",
                          "rms_norm, _fused_rms_norm and _fused_rms_norm_backward (one kernel each way; "
                          "torch's layer_norm likewise)"),

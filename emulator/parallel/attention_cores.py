@@ -223,7 +223,7 @@ def _ring(name, s, ctx, rank, forward):
     dt = ctx.dtype("cp")
     kv = 2 * s.b * s.kv * s.n * s.head_dim * dtype_bytes(dt)
     return RingAttention(name, "cp", s.cp, forward, step_blocks(rank, s.cp, s.n, s.causal, s.cp_layout), kv, dt,
-                         s.b * s.h, s.head_dim, 2 if forward else 5, ctx.dtype("compute"))
+                         s.b * s.h, s.head_dim, 2 if forward else 5, ctx.dtype("compute"), ctx.stack.flash_kernel)
 
 
 def core_work(s, ctx, cp_rank=0):
@@ -232,14 +232,14 @@ def core_work(s, ctx, cp_rank=0):
     scores, five products), the unfused kernels of :func:`_unfused`, ring attention's steps,
     or Ulysses' all-to-alls around a fused kernel over every position of ``h / cp`` heads."""
     b, h, dh, n = s.b, s.h, s.head_dim, s.n
-    c = ctx.dtype("compute")
+    c, fa = ctx.dtype("compute"), ctx.stack.flash_kernel
     if s.cp == 1:
         if ctx.stack.attention == "unfused":
             F, B = _unfused(s, ctx, b, h, n, dh)
             return Work("attention core", F, B, (), F)
         frac = causal_share(n) if s.causal else 1.0
-        F = (Attention("attention: core", b, h, n, n, dh, 2, frac, c),)
-        return Work("attention core", F, (Attention("attention: core backward", b, h, n, n, dh, 5, frac, c),), (), F)
+        F = (Attention("attention: core", b, h, n, n, dh, 2, frac, c, fa),)
+        return Work("attention core", F, (Attention("attention: core backward", b, h, n, n, dh, 5, frac, c, fa),), (), F)
     if s.cp_attention == "ring":
         F = (_ring("attention: ring", s, ctx, cp_rank, True),)
         B = (_ring("attention: ring backward", s, ctx, cp_rank, False),)
@@ -249,7 +249,7 @@ def core_work(s, ctx, cp_rank=0):
     piece = b * hc * n * dh * dtype_bytes(dt)  # one peer's share of one tensor
     a2a = [AllToAll(f"attention: all-to-all {what}", "cp", s.cp, piece, dt) for what in ("q", "k", "v", "out")]
     frac = causal_share(S) if s.causal else 1.0
-    F = tuple(a2a[:3]) + (Attention("attention: core", b, hc, S, S, dh, 2, frac, c), a2a[3])
+    F = tuple(a2a[:3]) + (Attention("attention: core", b, hc, S, S, dh, 2, frac, c, fa), a2a[3])
     back = [AllToAll(f"attention: all-to-all d{what}", "cp", s.cp, piece, dt) for what in ("out", "q", "k", "v")]
-    B = (back[0], Attention("attention: core backward", b, hc, S, S, dh, 4, frac, c)) + tuple(back[1:])
+    B = (back[0], Attention("attention: core backward", b, hc, S, S, dh, 4, frac, c, fa)) + tuple(back[1:])
     return Work("Ulysses attention", F, B, (), F)
