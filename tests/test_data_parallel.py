@@ -7,7 +7,7 @@ import importlib
 import numpy as np
 import pytest
 
-from emulator import World
+from emulator import ConfigError, World
 from emulator.parallel import data_parallel as data_parallel_function
 from emulator.parallel.data_parallel import ladder
 from emulator.parallel.data_parallel.flat_layout import reduce_flat
@@ -30,11 +30,35 @@ def test_the_old_paths_give_the_package_objects(module):
         assert getattr(old, name) is getattr(new, name), (module, name)
 
 
-def test_emulator_parallel_data_parallel_is_still_the_function():
+def test_emulator_parallel_data_parallel_calls_as_the_function_and_imports_as_the_package():
+    import inspect
+
     import emulator.parallel as P
-    assert data_parallel_function is ladder.data_parallel and P.data_parallel is ladder.data_parallel
+    import emulator.parallel.data_parallel.ddp as ddp_module  # a function of that name hid this path
+
+    assert ddp_module.DDP is P.DDP and P.data_parallel is data_parallel_function
+    assert inspect.signature(P.data_parallel) == inspect.signature(ladder.data_parallel)
+    model, params = _tiny()
+    for stage in range(4):
+        made = World(2).run(lambda comm: type(data_parallel_function(stage, comm, model, params, _opt())))
+        assert made == [ladder.STRATEGIES[stage]] * 2
+    with pytest.raises(ConfigError, match="zero_stage must be 0"):
+        data_parallel_function(7, None, model, params, _opt())
     for name in ("DDP", "ZeRO1", "ZeRO2", "ZeRO3", "NAMES", "STRATEGIES", "assemble"):
         assert getattr(P, name) is getattr(ladder, name)
+
+
+def _tiny():
+    from emulator import nn
+
+    model = nn.GPT(vocab=16, d_model=8, n_heads=2, d_ff=16, n_layers=1, max_seq=8, dtype=np.float64)
+    return model, model.init(np.random.default_rng(0))
+
+
+def _opt():
+    from emulator.nn import AdamW
+
+    return AdamW(lr=1e-3)
 
 
 def _tensors(rank):

@@ -15,7 +15,7 @@ from ..machine.topology import Topology
 from ..engine.world import World
 from ..accounting import memory as accounting_memory
 from ..parallel import DDP, ZeRO1, ZeRO2, ZeRO3, assemble
-from ..parallel import data_parallel as library_data_parallel
+from ..parallel.data_parallel.ladder import data_parallel as library_data_parallel
 from ..parallel.data_parallel.strategy import DataParallelStrategy
 from ..parallel.data_parallel.flat_layout import layouts
 from ..training import synthetic_batches, train, train_single

@@ -31,7 +31,8 @@ parallelism (``moe_alternatives``, ``token_groups``) before they had packages re
 their names from them.
 """
 
-from .data_parallel import DDP, NAMES, STRATEGIES, ZeRO1, ZeRO2, ZeRO3, assemble, data_parallel
+from . import data_parallel  # the package, callable as its data_parallel function (see its docstring)
+from .data_parallel import DDP, NAMES, STRATEGIES, ZeRO1, ZeRO2, ZeRO3, assemble
 from .dims import ParallelDims
 from .placement import Placement, shard, unshard
 from .runtime import MeshRun, run_on_mesh, shape_only_batches

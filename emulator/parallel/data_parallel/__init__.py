@@ -18,7 +18,16 @@ mesh.
 * ``bucket_limit``, ``bucket_layers`` (``buckets.py``): gradient buckets as the stack sizes them.
 * :class:`MeshHooks` (``finalize.py``): Megatron's ``finalize_model_grads`` on a mesh, one
   strategy per gradient group (dense over ``dp x cp``, experts over ``edp``).
+
+The package, called, is ``data_parallel``: ``from emulator.parallel import data_parallel``
+gives this package, and ``data_parallel(zero_stage, comm, model, params, opt)`` picks a
+strategy as the lessons call it, while ``emulator.parallel.data_parallel.ddp`` and the other
+module paths stay importable (a function of that name would hide them).
 """
+
+import inspect
+import sys
+import types
 
 from .buckets import bucket_layers, bucket_limit
 from .ddp import DDP
@@ -34,3 +43,14 @@ from .zero3 import ZeRO3
 __all__ = ["DataParallelStrategy", "DDP", "ZeRO1", "ZeRO2", "ZeRO3", "DistributedOptimizer", "STRATEGIES", "NAMES",
            "data_parallel", "strategy_for", "uses_distributed_optimizer", "assemble", "FlatLayout", "layouts",
            "reduce_flat", "bucket_layers", "bucket_limit", "MeshHooks"]
+
+
+class _CallablePackage(types.ModuleType):
+    """This package, which ``data_parallel(...)`` calls as :func:`.ladder.data_parallel`."""
+
+    def __call__(self, *args, **kwargs):
+        return data_parallel(*args, **kwargs)
+
+
+__signature__ = inspect.signature(data_parallel)  # help() and a notebook's completion show the function's
+sys.modules[__name__].__class__ = _CallablePackage
