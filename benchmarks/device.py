@@ -64,11 +64,10 @@ def citation_table():
         model = devs[f.device].achieved_flops(gemm(*f.shape)) / 1e12
         rows.append((f.device, "GEMM " + "x".join(map(str, f.shape)), f.tflops, model, "TFLOP/s", f.source))
     for f in cal.PUBLISHED_ATTENTION:
-        fraction = 0.5 if f.causal else 1.0
-        ks = [attention(f.batch, f.heads, f.seqlen, f.seqlen, f.head_dim, p, fraction)
-              for p in {"fwd": (2,), "bwd": (5,), "fwd+bwd": (2, 5)}[f.passes]]
+        ks = f.kernels()
         model = sum(k.flops for k in ks) / sum(devs[f.device].time(k) for k in ks) / 1e12
-        what = f"attention {f.passes} d{f.head_dim} s{f.seqlen}{' causal' if f.causal else ''}"
+        kernel = " FA2" if f.kernel == "flash2" else ""
+        what = f"attention{kernel} {f.passes} d{f.head_dim} s{f.seqlen}{' causal' if f.causal else ''}"
         rows.append((f.device, what, f.tflops, model, "TFLOP/s", f.source))
     for f in cal.PUBLISHED_HBM:
         rows.append((f.device, f.kernel, f.tbps, devs[f.device].achieved_hbm / 1e12, "TB/s", f.source))

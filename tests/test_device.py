@@ -13,8 +13,7 @@ from emulator import Topology, World
 from emulator.cost import busbw, collective_time
 from emulator.machine import device_calibration as cal
 from emulator.machine.device import Device
-from emulator.machine.kernels import attention, gemm, memory_bound
-from emulator.machine.work import Attention
+from emulator.machine.kernels import gemm, memory_bound
 from emulator.machine.topology import PUBLISHED_ALL_REDUCE_BUSBW_A100
 from tests._devices import DEVICES
 
@@ -32,10 +31,7 @@ def gemm_tflops(device, fig):
 def attention_tflops(device, fig):
     """The rate the papers report: their FLOPs over the kernels' time (forward and backward
     summed for a forward + backward figure)."""
-    fraction = 0.5 if fig.causal else 1.0
-    fwd, bwd = (Attention("", fig.batch, fig.heads, fig.seqlen, fig.seqlen, fig.head_dim, passes, fraction,
-                          "bf16", fig.kernel) for passes in (2, 5))
-    ks = {"fwd": [fwd], "bwd": [bwd], "fwd+bwd": [fwd, bwd]}[fig.passes]
+    ks = fig.kernels()
     return sum(k.flops for k in ks) / sum(device.time(k) for k in ks) / 1e12
 
 

@@ -119,6 +119,8 @@ each constant was chosen, and what no figure above pins down:
 
 from typing import NamedTuple
 
+from .declared_kernels import Attention
+
 
 class GemmFigure(NamedTuple):
     device: str
@@ -144,6 +146,14 @@ class AttentionFigure(NamedTuple):
     @property
     def heads(self):
         return 2048 // self.head_dim  # hidden size 2048
+
+    def kernels(self):
+        """The kernels the figure times: the forward (two products per score block), the
+        backward (five), or both; half the blocks under a causal mask."""
+        fraction = 0.5 if self.causal else 1.0
+        passes = {"fwd": (2,), "bwd": (5,), "fwd+bwd": (2, 5)}[self.passes]
+        return [Attention(f"{self.source}", self.batch, self.heads, self.seqlen, self.seqlen, self.head_dim, p,
+                          fraction, "bf16", self.kernel) for p in passes]
 
 
 class HbmFigure(NamedTuple):
