@@ -42,10 +42,16 @@ A100 (FA2)  fwd+bwd  64   -     132   . 162 171 175 176  131 150 163 169 173 175
 A100 (FA2)  fwd+bwd  128  -       .   . 187 196 201 203  145 170 186 196 201 203  4b
 A100 (FA2)  fwd+bwd  64   yes    88 119 140 156 165 171   88 117 141 156 166 171  4c
 A100 (FA2)  fwd+bwd  128  yes    99 133 155 173 182 189   98 130 156 172 182 187  4d
-H100 (FA2)  fwd+bwd  64   -     215 254 274 288 294 296  216 252 275 288 295 298  7a
-H100 (FA2)  fwd+bwd  128  -     248 294 320 326 335 338  250 290 316 330 338 342  7b
-H100 (FA2)  fwd+bwd  64   yes   141 192 232 257 273 284  142 191 231 259 275 284  7c
-H100 (FA2)  fwd+bwd  128  yes   163 221 265 294 308 328  165 220 265 295 313 323  7d
+H100 (FA2)  fwd      64   -     282 306 318 321 322 324  283 304 315 322 325 326  5a
+H100 (FA2)  fwd      64   yes   180 229 262 284 295 299  180 227 262 283 295 301  5b
+H100 (FA2)  fwd      128  -     309 350 362 368 370 370  313 343 360 369 374 377  5c
+H100 (FA2)  fwd      128  yes   191 260 298 319 333 335  197 252 294 320 335 344  5d
+H100 (FA2)  fwd      256  -     275 313 321 323 324 326  281 306 320 327 331 333  5e
+H100 (FA2)  fwd      256  yes   208 251 278 293 297 298  210 249 275 289 297 302  5f
+H100 (FA2)  fwd+bwd  64   -     215 254 274 288 294 296  216 252 275 287 294 298  7a
+H100 (FA2)  fwd+bwd  128  -     248 294 320 326 335 338  251 291 316 330 337 341  7b
+H100 (FA2)  fwd+bwd  64   yes   141 192 232 257 273 284  142 191 231 258 274 283  7c
+H100 (FA2)  fwd+bwd  128  yes   163 221 265 294 308 328  161 218 263 294 313 323  7d
 ==========  =======  ===  ====  =======================  =======================  ====
 
 (a dot: a value the figure's legend hides.)
@@ -81,7 +87,9 @@ Sources:
   SXM4), also assets/flash2_a100_fwd_bwd_benchmark.png; Fig. 7 (forward + backward, H100
   80GB SXM5: the same kernel without Hopper's TMA and warpgroup instructions, which
   PyTorch's SDPA runs as its flash backend), also assets/flash2_h100_fwd_bwd_benchmark.png
-  (flash-attention at 0251105a), whose bars carry the numbers; the FLOP count is
+  (flash-attention at 0251105a), whose bars carry the numbers. FA2's H100 forward alone is
+  in FA3's Fig. 5 beside FA3 (its FlashAttention-2 bars; the "H100 (FA2) fwd" rows above);
+  the FLOP count is
   benchmarks/benchmark_flash_attention.py's ``flops()`` in that repository.
 * [HBM] github.com/Azure/AI-benchmarking-guide, Azure_Results/ND_{H100,H200,A100}_v{5,5,4}
   _results.md, "HBM Bandwidth" (BabelStream).
@@ -108,7 +116,9 @@ each constant was chosen, and what no figure above pins down:
   cuBLAS figure for the same shape (716): both are kept. A100: the nine figures above, worst
   8.5%.
 * Attention: (R, s_half) per curve, fitted to its six points (worst 6%). Where a figure
-  times both passes together (FA2), both passes get the curve's rate. On H100 a kernel says
+  times both passes together (FA2 on A100), both passes get the curve's rate; FA2 on
+  H100 has its forward measured alone (FA3's Fig. 5), so its backward is fitted to the
+  both-pass figures (FA2's Fig. 7) with that forward (worst 3% over both). On H100 a kernel says
   which it is (``impl``: ``"flash"``, FA3's rates; ``"flash2"``, FA2's); the stack chooses
   (:attr:`~emulator.machine.stack.Stack.flash_kernel`).
 * HBM: one share of the datasheet per GPU, between each GPU's copy and triad figures.
@@ -229,6 +239,12 @@ _CURVES = (  # device, passes, head dim, causal, figures at SEQLENS (None: hidde
     ("A100", "fwd+bwd", 128, False, (None, None, 187, 196, 201, 203), _FA2 + "4b", "flash"),
     ("A100", "fwd+bwd", 64, True, (88, 119, 140, 156, 165, 171), _FA2 + "4c", "flash"),
     ("A100", "fwd+bwd", 128, True, (99, 133, 155, 173, 182, 189), _FA2 + "4d", "flash"),
+    ("H100", "fwd", 64, False, (282, 306, 318, 321, 322, 324), _FA3 + "5a", "flash2"),
+    ("H100", "fwd", 64, True, (180, 229, 262, 284, 295, 299), _FA3 + "5b", "flash2"),
+    ("H100", "fwd", 128, False, (309, 350, 362, 368, 370, 370), _FA3 + "5c", "flash2"),
+    ("H100", "fwd", 128, True, (191, 260, 298, 319, 333, 335), _FA3 + "5d", "flash2"),
+    ("H100", "fwd", 256, False, (275, 313, 321, 323, 324, 326), _FA3 + "5e", "flash2"),
+    ("H100", "fwd", 256, True, (208, 251, 278, 293, 297, 298), _FA3 + "5f", "flash2"),
     ("H100", "fwd+bwd", 64, False, (215, 254, 274, 288, 294, 296), _FA2 + "7a", "flash2"),
     ("H100", "fwd+bwd", 128, False, (248, 294, 320, 326, 335, 338), _FA2 + "7b", "flash2"),
     ("H100", "fwd+bwd", 64, True, (141, 192, 232, 257, 273, 284), _FA2 + "7c", "flash2"),
@@ -274,9 +290,13 @@ _H100_ATTENTION = (  # FlashAttention-3, fitted to Fig. 5 and 6
     ("fwd", True, 64, 506e12, 856), ("fwd", True, 128, 657e12, 608), ("fwd", True, 256, 693e12, 688),
     ("bwd", False, 64, 495e12, 400), ("bwd", False, 128, 590e12, 424),
 )
-_H100_FLASH2 = tuple(  # FlashAttention-2 on H100, fitted to its Fig. 7, which times both passes together
-    (pass_, masked, d, rate, s_half) for pass_ in ("fwd", "bwd") for masked, d, rate, s_half in (
-        (False, 64, 302e12, 200), (False, 128, 346e12, 192), (True, 64, 293e12, 536), (True, 128, 333e12, 512)))
+_H100_FLASH2 = (  # FlashAttention-2 on H100: the forward fitted to FA3's Fig. 5 (its FA2 bars), the
+    # backward to FA2's Fig. 7 (both passes together) with that forward
+    ("fwd", False, 64, 328e12, 72), ("fwd", False, 128, 379e12, 96), ("fwd", False, 256, 335e12, 88),
+    ("fwd", True, 64, 308e12, 344), ("fwd", True, 128, 352e12, 384), ("fwd", True, 256, 306e12, 216),
+    ("bwd", False, 64, 292e12, 240), ("bwd", False, 128, 333e12, 216),
+    ("bwd", True, 64, 287e12, 608), ("bwd", True, 128, 327e12, 592),
+)
 _A100_ATTENTION = tuple(  # FlashAttention-2, fitted to Fig. 4, which times both passes together
     (pass_, masked, d, rate, s_half) for pass_ in ("fwd", "bwd") for masked, d, rate, s_half in (
         (False, 64, 177e12, 176), (False, 128, 206e12, 208), (True, 64, 176e12, 504), (True, 128, 193e12, 480)))
