@@ -176,7 +176,10 @@ def test_a_calibrated_topology_runs_collectives_and_kernels_together():
      "overheads >= 0"),
     (dict(peak_flops=100e12, ideal=False, rates=cal.RATES["H100"]), "attention rate for fwd, d=64"),
     (dict(peak_flops=1e15, ideal=False, rates=cal.RATES["H100"]._replace(attention=cal.RATES["H100"].attention[6:])),
-     "at least an unmasked forward row"),
+     "attention rates need at least an unmasked forward row"),
+    (dict(peak_flops=1e15, ideal=False,  # FA2's table without its unmasked forward: its lookups would never end
+          rates=cal.RATES["H100"]._replace(attention_flash2=cal.RATES["H100"].attention_flash2[3:])),
+     "attention_flash2 rates need at least an unmasked forward row"),
 ])
 def test_bad_device_arguments_say_what_is_wrong(kwargs, says):
     with pytest.raises(ConfigError, match=re.escape(says)):

@@ -95,6 +95,39 @@ def test_the_torch_stacks_run_flashattention_2_and_megatron_the_hopper_kernel():
         stack_preset().replace(flash_kernel="fa4")
 
 
+def test_the_lessons_ring_attention_charges_the_stacks_kernel(monkeypatch):
+    """ring_attention outside a declared pass (as lesson 04 calls it) times each block as the
+    run's stack runs it: FA2 under the PyTorch stacks, slower on H100 than Megatron's."""
+    import numpy as np
+
+    from emulator import Topology, World
+    from emulator.machine.device import Device
+    from emulator.parallel.context_parallel.ring import ring_attention
+
+    q = np.random.default_rng(0).standard_normal((1, 4, 2048, 128)).astype(np.float32)
+    timed, time = [], Device.time
+
+    def recording(self, kernel):
+        if kernel.kind == "attention":
+            timed.append(kernel.impl)
+        return time(self, kernel)
+
+    monkeypatch.setattr(Device, "time", recording)
+
+    def clock(stack):
+        def prog(comm):
+            rows = slice(comm.rank * 1024, (comm.rank + 1) * 1024)
+            ring_attention(comm, q[..., rows, :], q[..., rows, :], q[..., rows, :], causal=True)
+            return comm.now
+        timed.clear()
+        end = max(World(2, topology=Topology.h100(device=Device.h100()), stack=stack).run(prog))
+        return end, set(timed)
+
+    (core, core_impls), (eager, eager_impls) = clock("megatron-core"), clock("pytorch-eager")
+    assert core_impls == {"flash"} and eager_impls == {"flash2"}
+    assert eager > core
+
+
 def test_a_plan_costs_more_on_the_stacks_that_fuse_less():
     m, c = model_preset("llama3-8b"), cluster_preset("h100", nodes=1)
     dims = ParallelDims(dp=2, tp=4, sequence_parallel=True, micro_batches=4)

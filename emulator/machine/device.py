@@ -85,12 +85,13 @@ class Device:
                     and r.launch_seconds >= 0):
                 raise ConfigError(f"Device {self.name!r}: efficiencies must be in (0, 1] and overheads >= 0, "
                                   f"got {r[:4]}")
-            for pass_, masked, d, rate, s_half in r.attention + r.attention_flash2:
-                if not (0 < rate <= self.peak_flops and s_half >= 0):
-                    raise ConfigError(f"Device {self.name!r}: attention rate for {pass_}, d={d} must be in "
-                                      f"(0, peak] with s_half >= 0, got ({rate:g}, {s_half})")
-            if not any(row[:2] == ("fwd", False) for row in r.attention):
-                raise ConfigError(f"Device {self.name!r}: attention rates need at least an unmasked forward row")
+            for table, rows in (("attention", r.attention), ("attention_flash2", r.attention_flash2)):
+                for pass_, masked, d, rate, s_half in rows:
+                    if not (0 < rate <= self.peak_flops and s_half >= 0):
+                        raise ConfigError(f"Device {self.name!r}: {table} rate for {pass_}, d={d} must be in "
+                                          f"(0, peak] with s_half >= 0, got ({rate:g}, {s_half})")
+                if (rows or table == "attention") and not any(row[:2] == ("fwd", False) for row in rows):
+                    raise ConfigError(f"Device {self.name!r}: {table} rates need at least an unmasked forward row")
 
     # ----------------------------------------------------------------- presets
     @classmethod

@@ -28,7 +28,7 @@ import numpy as np
 from ...errors import ConfigError
 from ...algorithms.p2p_op import P2POp
 from .layout import chunks_of
-from ...machine.kernels import attention as attention_kernel
+from ...machine.work import Attention
 from .online_softmax import OnlineSoftmax
 
 
@@ -98,9 +98,11 @@ def _check(comm, q, k, v, layout):
     return q, k, v
 
 
-def _kernel(q, n_rows, n_keys, passes):
-    """One block's fused attention kernel: every head's (n_rows x n_keys) scores."""
-    return attention_kernel(int(np.prod(q.shape[:-2])), 1, n_rows, n_keys, q.shape[-1], passes)
+def _kernel(comm, q, n_rows, n_keys, passes):
+    """One block's fused attention kernel, the one the run's stack runs: every head's
+    (n_rows x n_keys) scores."""
+    return Attention("attention: ring block", int(np.prod(q.shape[:-2])), 1, n_rows, n_keys, q.shape[-1], passes,
+                     1.0, "bf16", comm.stack.flash_kernel)
 
 
 def _grouped(q, k, v):
@@ -171,7 +173,7 @@ def ring_attention(comm, q, k, v, causal=False, layout="contiguous", accumulate=
             if mask is not None:
                 s = np.where(mask, s, -np.inf)
             state.update(s, vb, rows)
-            kernels.append(_kernel(q, rows.stop - rows.start, cols.stop - cols.start, 2))
+            kernels.append(_kernel(comm, q, rows.stop - rows.start, cols.stop - cols.start, 2))
         _step_charge(comm, declared, t, kernels, f"attention, K/V of rank {src}")
         if handles:
             kv = _arrived(comm, handles, "K/V block")
@@ -215,7 +217,7 @@ def ring_attention_backward(comm, cache, dout, declared=False):
             dq[..., rows, :] += scale * ds @ kb
             dkv[0][..., cols, :] += _over_group(scale * ds.swapaxes(-1, -2) @ q[..., rows, :], kb)
             dkv[1][..., cols, :] += _over_group(p.swapaxes(-1, -2) @ do, vb)
-            kernels.append(_kernel(q, rows.stop - rows.start, cols.stop - cols.start, 5))  # S again, 4 products
+            kernels.append(_kernel(comm, q, rows.stop - rows.start, cols.stop - cols.start, 5))  # S again, 4 products
         _step_charge(comm, declared, t, kernels, f"attention backward, K/V of rank {src}")
         if c > 1:  # dK/dV of the block go on with it; after the last step they go home
             dkv = _arrived(comm, _shift(comm, dkv, "dK/dV block"), "dK/dV block")
