@@ -91,6 +91,7 @@ def test_the_torch_stacks_run_flashattention_2_and_megatron_the_hopper_kernel():
     attention = {s: evaluate(m, c, dims, 8192, 16 * 8192, stack=stack_preset("pytorch-eager").replace(flash_kernel=s))
                  .breakdown["attention"] for s in ("flash", "flash2")}
     assert attention["flash2"] > 1.5 * attention["flash"]
+    assert evaluate(m, c, dims, 8192, 16 * 8192, stack="pytorch-eager").as_dict()["attention_kernel"] == "flash2"
     with pytest.raises(ConfigError, match="flash_kernel"):
         stack_preset().replace(flash_kernel="fa4")
 

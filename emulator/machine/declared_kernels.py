@@ -97,7 +97,8 @@ class Attention:
     def __str__(self):
         mask = f", {self.fraction:.2f} of the blocks" if self.fraction < 1 else ""
         what = "forward" if self.passes <= 2 else "backward"
-        return f"{self.impl} attention {what}: b {self.b}, heads {self.h}, {self.s_q} x {self.s_k}, d {self.d}{mask}"
+        kernel = {"flash": "fused attention", "flash2": "FlashAttention-2"}.get(self.impl, f"{self.impl} attention")
+        return f"{kernel} {what}: b {self.b}, heads {self.h}, {self.s_q} x {self.s_k}, d {self.d}{mask}"
 
 
 @dataclass(frozen=True)

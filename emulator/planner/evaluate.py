@@ -95,7 +95,8 @@ class Estimate:
                        step_time=self.step_time, tokens_per_s_per_gpu=self.tokens_per_s_per_gpu, mfu=self.mfu,
                        hfu=self.hfu, bubble=self.bubble, bubble_formula=self.bubble_formula,
                        comm=[dict(row) for row in self.comm], breakdown=dict(self.breakdown or {}),
-                       stack=self.context.stack.name, precision=self.context.precision.name)
+                       stack=self.context.stack.name, attention_kernel=self.context.stack.flash_kernel,
+                       precision=self.context.precision.name)
         return out
 
 
