@@ -94,6 +94,9 @@ def test_the_torch_stacks_run_flashattention_2_and_megatron_the_hopper_kernel():
     assert evaluate(m, c, dims, 8192, 16 * 8192, stack="pytorch-eager").as_dict()["attention_kernel"] == "flash2"
     with pytest.raises(ConfigError, match="flash_kernel"):
         stack_preset().replace(flash_kernel="fa4")
+    from emulator.machine.work import Attention
+    with pytest.raises(ConfigError, match="unknown attention kernel 'fa4'; known: flash, flash2"):
+        h100.time(Attention("core", 1, 8, 1024, 1024, 128, 2, 1.0, "bf16", "fa4"))
 
 
 def test_the_lessons_ring_attention_charges_the_stacks_kernel(monkeypatch):

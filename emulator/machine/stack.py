@@ -8,8 +8,10 @@ behind compute, and what each kernel costs the host.
   ``"unfused"`` (the scores as batched GEMMs, written to HBM, with separate softmax and
   dropout kernels, as Megatron-LM ran before FlashAttention);
 * ``flash_kernel``: which fused kernel: ``"flash"``, the device's fastest (on H100, FA3's
-  rates, which cuDNN's fused attention matches: Transformer Engine's), or ``"flash2"``,
-  FlashAttention-2 (PyTorch's SDPA flash backend; on H100 about half FA3's rate);
+  rates; Transformer Engine runs cuDNN's fused attention there, whose forward FA3's Fig. 5
+  puts 1% to 23% below FA3's at 2k to 16k tokens, and whose backward no figure here gives),
+  or ``"flash2"``, FlashAttention-2 (PyTorch's SDPA flash backend; on H100 about half FA3's
+  rate);
 * ``fused``: the elementwise fusions it has (:data:`FUSIONS`); without one, each op of the
   chain is its own kernel with its own HBM traffic (:mod:`emulator.machine.elementwise`);
 * ``grad_overlap``: ``"backward"``: data-parallel gradients reduced in buckets while
@@ -122,7 +124,8 @@ class Stack:
     def describe(self):
         """A few lines a person reads: each setting and its source."""
         lines = [f"{self.name}: {self.title}", f"  precision: {self.precision.describe()}",
-                 f"  attention: {self.attention}" + (f" ({self.flash_kernel})" if self.attention == "flash" else ""), f"  fused: {', '.join(sorted(self.fused)) or 'nothing'}",
+                 f"  attention: {self.attention}" + (f" ({self.flash_kernel})" if self.attention == "flash" else ""),
+                 f"  fused: {', '.join(sorted(self.fused)) or 'nothing'}",
                  f"  gradient reduction: {self.grad_overlap}, buckets {self.bucket}",
                  f"  overlaps: param gather {self.param_gather_overlap}, FSDP prefetch {self.fsdp_prefetch}, "
                  f"TP comm {self.tp_comm_overlap} ({self.tp_overlap_sms} SMs), p2p {self.p2p_overlap}",

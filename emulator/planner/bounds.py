@@ -10,7 +10,7 @@ from ..parallel.data_parallel.ladder import uses_distributed_optimizer
 from ..parallel.dims import ParallelDims
 from .bound_rows import (_backward_classes, chunk_counts, _ends_with_backward, _last_rank_of, _memory_rows,
                          _time_classes, _time_rows)
-from .memory import byte_sizes, padded, updated_elements
+from .memory import byte_sizes, padded, shard_groups, updated_elements
 from .overlap import last_bucket_seconds
 from .timer import Timer
 from .timing import bulk_saving, layer_times
@@ -33,7 +33,7 @@ class Factorisation:
         keys = [self.timer.stage_key(r) for r in range(pp)]
         self.reps = sorted(set(keys))  # one representative rank per key (the key is the rank or 0)
         self.key_of = [self.reps.index(k) for k in keys]
-        self.groups = {"dense": dp * cp, "experts": dp * cp // ep}
+        self.groups = shard_groups(self.dims)
         self.sizes = byte_sizes(ctx)
         self.distributed = uses_distributed_optimizer(ctx.stack, 1)
         self.prefetch = ctx.stack.fsdp_prefetch

@@ -20,7 +20,7 @@ from .breakdown import breakdown, lines as breakdown_lines
 from .cluster import Cluster
 from .comm import comm_table, expose_as_breakdown
 from .layers import ops_flops, rank_layers, split_names
-from .memory import KINDS, stage_peaks, updated_elements
+from .memory import KINDS, shard_groups, stage_peaks, updated_elements
 from .models import ModelSpec
 from .precision_of import plan_context
 from .timer import Timer
@@ -266,8 +266,7 @@ def _optimizer_seconds(timer, layers, r, dims, ctx):
     """Seconds of rank r's optimizer update (one kernel over what it updates, as the
     data-parallel strategies charge it:
     :meth:`emulator.parallel.data_parallel.strategy.DataParallelStrategy.charge_update`)."""
-    groups = {"dense": dims.dp * dims.cp, "experts": dims.dp * dims.cp // dims.ep}
-    n = sum(updated_elements(x, groups, dims.zero_stage) for c in range(dims.v) for x in layers[c][r])
+    n = sum(updated_elements(x, shard_groups(dims), dims.zero_stage) for c in range(dims.v) for x in layers[c][r])
     kernels = elementwise.optimizer_update(ctx.stack, n, ctx.precision, ctx.array)
     return timer.ops(kernels, r)
 

@@ -33,6 +33,12 @@ from ..parallel.pipeline.actions import stage_of
 KINDS = ("params", "grads", "optimizer", "activations", "buffers")
 
 
+def shard_groups(dims):
+    """Ranks each kind of parameter unit is sharded and reduced over: ``dense`` over
+    ``dp x cp``, ``experts`` over ``dp x cp / ep`` (:data:`emulator.mesh.REDUCED_OVER`)."""
+    return {"dense": dims.dp * dims.cp, "experts": dims.dp * dims.cp // dims.ep}
+
+
 def updated_elements(layer, groups, zero_stage):
     """Elements of ``layer`` one rank's optimizer updates: all of them under ZeRO-0 or in a
     group of one, else its shard of each unit (``groups``: ranks per unit kind, ``dense``
@@ -60,7 +66,7 @@ class Units:
     """One rank's units (a layer's parameters that reduce over one group) and their bytes."""
 
     def __init__(self, layers, dims, ctx):
-        groups = {"dense": dims.dp * dims.cp, "experts": dims.dp * dims.cp // dims.ep}
+        groups = shard_groups(dims)
         sizes = byte_sizes(ctx)
         param_bytes, opt, grad_bytes, gather = sizes["params"], sizes["optimizer"], sizes["grads"], sizes["gather"]
         self.z, self.pb = dims.zero_stage, param_bytes

@@ -13,7 +13,7 @@ from ..parallel.pipeline.actions import stage_of
 from .bound_rows import chunk_counts
 from .comm import closed_form_tail
 from .layers import rank_layers, split_names
-from .memory import byte_sizes, updated_elements
+from .memory import byte_sizes, shard_groups, updated_elements
 from .overlap import tail_estimate
 from .timing import layer_times
 
@@ -34,7 +34,7 @@ def _in_flight(name, p, m, v):
 
 def _state_bytes(layer, dims, z, sizes):
     """(params, optimizer, grads, gathered) bytes of one layer's units on one rank under ZeRO ``z``."""
-    groups = {"dense": dims.dp * dims.cp, "experts": dims.dp * dims.cp // dims.ep}
+    groups = shard_groups(dims)
     out = [0, 0, 0, 0]
     for group, elems in layer.params.items():
         n = groups[group]
@@ -96,8 +96,7 @@ def _estimate(timer, n_layers, kinds, compositions, dims, ctx, tails):
     data-parallel tail (:func:`_tail`)."""
     p, m, v = dims.pp, dims.micro_batches, dims.v
     lt = [layer_times(timer, x, 0, dims, ctx) for x in kinds]  # stages alike on nodes
-    groups = {"dense": dims.dp * dims.cp, "experts": dims.dp * dims.cp // dims.ep}
-    updated = [updated_elements(x, groups, dims.zero_stage) for x in kinds]
+    updated = [updated_elements(x, shard_groups(dims), dims.zero_stage) for x in kinds]
     worst = max(compositions, key=lambda cnt: sum(k * n for k, n in zip(cnt, updated)))
     n = sum(k * u for k, u in zip(worst, updated))
     update = timer.ops(elementwise.optimizer_update(ctx.stack, n, ctx.precision, ctx.array), 0)
