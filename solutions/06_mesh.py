@@ -564,7 +564,7 @@ for run, e, tf in predictions:
 # run whole on every rank; the H100 177B row spends a third in collectives and the bubble
 # that Megatron overlaps as far as its flags let it. The small H100 models miss the most,
 # and no part of their predicted step is large enough to explain it: the 1.7B row's
-# published step is 43% longer than everything the planner charges. Those misses stay
+# published step is 41% longer than everything the planner charges. Those misses stay
 # misses: no rate was tuned to close a gap, since the rows are a test set (`python -m
 # benchmarks.planner` prints the same table).
 #

@@ -180,6 +180,9 @@ def test_a_calibrated_topology_runs_collectives_and_kernels_together():
     (dict(peak_flops=1e15, ideal=False,  # FA2's table without its unmasked forward: its lookups would never end
           rates=cal.RATES["H100"]._replace(attention_flash2=cal.RATES["H100"].attention_flash2[3:])),
      "attention_flash2 rates need at least an unmasked forward row"),
+    (dict(peak_flops=1e15, ideal=False,  # the same for cuDNN's
+          rates=cal.RATES["H100"]._replace(attention_cudnn=cal.RATES["H100"].attention_cudnn[3:])),
+     "attention_cudnn rates need at least an unmasked forward row"),
 ])
 def test_bad_device_arguments_say_what_is_wrong(kwargs, says):
     with pytest.raises(ConfigError, match=re.escape(says)):

@@ -49,7 +49,7 @@ from .kernels import Kernel
 from .work import KERNELS
 from .frozen import hash_once
 
-ATTENTION_IMPLS = ("flash", "flash2")  # the device's fastest fused kernel; FlashAttention-2
+ATTENTION_IMPLS = ("flash", "flash2", "cudnn")  # the device's fastest fused kernel; FlashAttention-2; cuDNN's
 H100_BF16_FLOPS = 989e12  # H100 SXM, dense bf16, without sparsity (NVIDIA H100 datasheet)
 A100_BF16_FLOPS = 312e12  # A100 SXM, dense bf16 (NVIDIA A100 datasheet)
 
@@ -85,7 +85,8 @@ class Device:
                     and r.launch_seconds >= 0):
                 raise ConfigError(f"Device {self.name!r}: efficiencies must be in (0, 1] and overheads >= 0, "
                                   f"got {r[:4]}")
-            for table, rows in (("attention", r.attention), ("attention_flash2", r.attention_flash2)):
+            for table, rows in (("attention", r.attention), ("attention_flash2", r.attention_flash2),
+                                ("attention_cudnn", r.attention_cudnn)):
                 for pass_, masked, d, rate, s_half in rows:
                     if not (0 < rate <= self.peak_flops and s_half >= 0):
                         raise ConfigError(f"Device {self.name!r}: {table} rate for {pass_}, d={d} must be in "
@@ -147,8 +148,8 @@ class Device:
 
     def attention_rate(self, pass_, head_dim, s_k, masked, impl="flash"):
         """FLOP/s of a FlashAttention kernel: ``R(d) s / (s + s_half(d))`` (module docstring).
-        ``impl``: ``"flash"``, the device's fastest fused kernel; ``"flash2"``, FlashAttention-2
-        (the same on A100)."""
+        ``impl``: ``"flash"``, the device's fastest fused kernel; ``"flash2"``, FlashAttention-2;
+        ``"cudnn"``, cuDNN's fused attention (on A100 all three are FlashAttention-2's rates)."""
         rate, s_half = self._attention_curve(pass_, head_dim, masked, self._attention_rows(impl))
         return rate * s_k / (s_k + s_half)
 
@@ -156,8 +157,8 @@ class Device:
         if impl not in ATTENTION_IMPLS:
             raise ConfigError(f"Device {self.name!r}: unknown attention kernel {impl!r}; "
                               f"known: {', '.join(ATTENTION_IMPLS)}")
-        return self.rates.attention_flash2 if impl == "flash2" and self.rates.attention_flash2 \
-            else self.rates.attention
+        own = {"flash2": self.rates.attention_flash2, "cudnn": self.rates.attention_cudnn}.get(impl)
+        return own or self.rates.attention  # a kernel without rows of its own on this device: its fastest
 
     def _attention_curve(self, pass_, head_dim, masked, rows):
         """(R, s_half) at ``head_dim`` from ``rows``; a masked curve the papers do not show

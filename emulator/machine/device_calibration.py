@@ -27,32 +27,40 @@ Attention (TFLOP/s of FlashAttention kernels, FLOPs counted as the papers count 
 per sequence forward, half that under a causal mask, 2.5 times the forward for the
 backward; batch 16384/s sequences of length s, 2048/d heads of dim d, 16-bit inputs):
 
-==========  =======  ===  ====  =======================  =======================  ====
-device      pass     d    mask  published, s = 512..16k  model, same s            fig.
-==========  =======  ===  ====  =======================  =======================  ====
-H100 (FA3)  fwd      64   -     333 392 460 476 496 497  321 396 448 480 497 506  5a
-H100 (FA3)  fwd      64   yes   197 265 371 420 460 473  185 271 353 416 457 480  5b
-H100 (FA3)  fwd      128  -     467 565 625 638 646 648  465 550 605 637 654 663  5c
-H100 (FA3)  fwd      128  yes   292 423 521 579 602 616  290 403 499 567 609 632  5d
-H100 (FA3)  fwd      256  -     482 627 707 736 746 756  482 599 681 732 760 775  5e
-H100 (FA3)  fwd      256  yes   286 427 537 612 628 642  286 405 511 588 636 663  5f
-H100 (FA3)  bwd      64   -     272 363 422 453 472 474  276 354 413 450 472 483  6a
-H100 (FA3)  bwd      128  -     316 424 501 542 559 561  320 415 487 534 561 575  6b
-A100 (FA2)  fwd+bwd  64   -     132   . 162 171 175 176  131 150 163 169 173 175  4a
-A100 (FA2)  fwd+bwd  128  -       .   . 187 196 201 203  145 170 186 196 201 203  4b
-A100 (FA2)  fwd+bwd  64   yes    88 119 140 156 165 171   88 117 141 156 166 171  4c
-A100 (FA2)  fwd+bwd  128  yes    99 133 155 173 182 189   98 130 156 172 182 187  4d
-H100 (FA2)  fwd      64   -     282 306 318 321 322 324  283 304 315 322 325 326  5a
-H100 (FA2)  fwd      64   yes   180 229 262 284 295 299  180 227 262 283 295 301  5b
-H100 (FA2)  fwd      128  -     309 350 362 368 370 370  313 343 360 369 374 377  5c
-H100 (FA2)  fwd      128  yes   191 260 298 319 333 335  197 252 294 320 335 344  5d
-H100 (FA2)  fwd      256  -     275 313 321 323 324 326  281 306 320 327 331 333  5e
-H100 (FA2)  fwd      256  yes   208 251 278 293 297 298  210 249 275 289 297 302  5f
-H100 (FA2)  fwd+bwd  64   -     215 254 274 288 294 296  216 252 275 287 294 298  7a
-H100 (FA2)  fwd+bwd  128  -     248 294 320 326 335 338  251 291 316 330 337 341  7b
-H100 (FA2)  fwd+bwd  64   yes   141 192 232 257 273 284  142 191 231 258 274 283  7c
-H100 (FA2)  fwd+bwd  128  yes   163 221 265 294 308 328  161 218 263 294 313 323  7d
-==========  =======  ===  ====  =======================  =======================  ====
+============  =======  ===  ====  =======================  =======================  ====
+device        pass     d    mask  published, s = 512..16k  model, same s            fig.
+============  =======  ===  ====  =======================  =======================  ====
+H100 (FA3)    fwd      64   -     333 392 460 476 496 497  321 396 448 480 497 506  5a
+H100 (FA3)    fwd      64   yes   197 265 371 420 460 473  185 271 353 416 457 480  5b
+H100 (FA3)    fwd      128  -     467 565 625 638 646 648  465 550 605 637 654 663  5c
+H100 (FA3)    fwd      128  yes   292 423 521 579 602 616  290 403 499 567 609 632  5d
+H100 (FA3)    fwd      256  -     482 627 707 736 746 756  482 599 681 732 760 775  5e
+H100 (FA3)    fwd      256  yes   286 427 537 612 628 642  286 405 511 588 636 663  5f
+H100 (FA3)    bwd      64   -     272 363 422 453 472 474  276 354 413 450 472 483  6a
+H100 (FA3)    bwd      128  -     316 424 501 542 559 561  320 415 487 534 561 575  6b
+A100 (FA2)    fwd+bwd  64   -     132   . 162 171 175 176  131 150 163 169 173 175  4a
+A100 (FA2)    fwd+bwd  128  -       .   . 187 196 201 203  145 170 186 196 201 203  4b
+A100 (FA2)    fwd+bwd  64   yes    88 119 140 156 165 171   88 117 141 156 166 171  4c
+A100 (FA2)    fwd+bwd  128  yes    99 133 155 173 182 189   98 130 156 172 182 187  4d
+H100 (FA2)    fwd      64   -     282 306 318 321 322 324  283 304 315 322 325 326  5a
+H100 (FA2)    fwd      64   yes   180 229 262 284 295 299  180 227 262 283 295 301  5b
+H100 (FA2)    fwd      128  -     309 350 362 368 370 370  313 343 360 369 374 377  5c
+H100 (FA2)    fwd      128  yes   191 260 298 319 333 335  197 252 294 320 335 344  5d
+H100 (FA2)    fwd      256  -     275 313 321 323 324 326  281 306 320 327 331 333  5e
+H100 (FA2)    fwd      256  yes   208 251 278 293 297 298  210 249 275 289 297 302  5f
+H100 (FA2)    fwd+bwd  64   -     215 254 274 288 294 296  216 252 275 287 294 298  7a
+H100 (FA2)    fwd+bwd  128  -     248 294 320 326 335 338  251 291 316 330 337 341  7b
+H100 (FA2)    fwd+bwd  64   yes   141 192 232 257 273 284  142 191 231 258 274 283  7c
+H100 (FA2)    fwd+bwd  128  yes   163 221 265 294 308 328  161 218 263 294 313 323  7d
+H100 (cuDNN)  fwd      64   -     335 373 395 408 412 413  328 368 391 404 411 414  5a
+H100 (cuDNN)  fwd      64   yes   225 288 334 363 379 388  220 283 331 361 379 388  5b
+H100 (cuDNN)  fwd      128  -     497 574 617 609 600 595  503 556 588 605 614 618  5c
+H100 (cuDNN)  fwd      128  yes   315 410 484 518 529 539  310 400 468 511 536 549  5d
+H100 (cuDNN)  fwd      256  -     470 546 580 581 580 581  468 526 561 580 590 596  5e
+H100 (cuDNN)  fwd      256  yes   308 391 450 483 497 509  299 381 441 478 500 511  5f
+H100 (cuDNN)  bwd      64   -     266 348 395 417 432 433  271 338 387 416 433 442  6a
+H100 (cuDNN)  bwd      128  -     305 408 465 499 518 516  311 395 458 497 519 531  6b
+============  =======  ===  ====  =======================  =======================  ====
 
 (a dot: a value the figure's legend hides.)
 
@@ -82,7 +90,8 @@ Sources:
 * FA3: J. Shah et al., *FlashAttention-3*, arXiv 2407.08608v2, Fig. 5 (forward) and Fig. 6
   (backward), H100 80GB SXM5, clock fixed at 1830 MHz (App. C.1); the forward panels are
   also github.com/Dao-AILab/flash-attention assets/flash3_fp16_fwd.png. The paper gives no
-  causal backward.
+  causal backward. Its red bars are cuDNN's fused attention on the same GPU (the "H100
+  (cuDNN)" rows; the forward read off that image, the backward off Fig. 6 of the paper).
 * FA2: T. Dao, *FlashAttention-2*, arXiv 2307.08691, Fig. 4 (forward + backward, A100 80GB
   SXM4), also assets/flash2_a100_fwd_bwd_benchmark.png; Fig. 7 (forward + backward, H100
   80GB SXM5: the same kernel without Hopper's TMA and warpgroup instructions, which
@@ -118,8 +127,11 @@ each constant was chosen, and what no figure above pins down:
 * Attention: (R, s_half) per curve, fitted to its six points (worst 6%). Where a figure
   times both passes together (FA2 on A100), both passes get the curve's rate; FA2 on
   H100 has its forward measured alone (FA3's Fig. 5), so its backward is fitted to the
-  both-pass figures (FA2's Fig. 7) with that forward (worst 3% over both). On H100 a kernel says
-  which it is (``impl``: ``"flash"``, FA3's rates; ``"flash2"``, FA2's); the stack chooses
+  both-pass figures (FA2's Fig. 7) with that forward (worst 3% over both). cuDNN's curves
+  are fitted as FA3's are (worst 5%: its unmasked d = 128 forward peaks at 2k and falls
+  after, which one curve cannot follow); its masked backward, like FA3's, takes what masking
+  does to its forward. On H100 a kernel says which it is (``impl``: ``"flash"``, FA3's
+  rates; ``"flash2"``, FA2's; ``"cudnn"``, cuDNN's); the stack chooses
   (:attr:`~emulator.machine.stack.Stack.flash_kernel`).
 * HBM: one share of the datasheet per GPU, between each GPU's copy and triad figures.
 * H200: the H100's GEMM and attention constants (same SMs and clocks; the MAMF table
@@ -249,6 +261,14 @@ _CURVES = (  # device, passes, head dim, causal, figures at SEQLENS (None: hidde
     ("H100", "fwd+bwd", 128, False, (248, 294, 320, 326, 335, 338), _FA2 + "7b", "flash2"),
     ("H100", "fwd+bwd", 64, True, (141, 192, 232, 257, 273, 284), _FA2 + "7c", "flash2"),
     ("H100", "fwd+bwd", 128, True, (163, 221, 265, 294, 308, 328), _FA2 + "7d", "flash2"),
+    ("H100", "fwd", 64, False, (335, 373, 395, 408, 412, 413), _FA3 + "5a", "cudnn"),
+    ("H100", "fwd", 64, True, (225, 288, 334, 363, 379, 388), _FA3 + "5b", "cudnn"),
+    ("H100", "fwd", 128, False, (497, 574, 617, 609, 600, 595), _FA3 + "5c", "cudnn"),
+    ("H100", "fwd", 128, True, (315, 410, 484, 518, 529, 539), _FA3 + "5d", "cudnn"),
+    ("H100", "fwd", 256, False, (470, 546, 580, 581, 580, 581), _FA3 + "5e", "cudnn"),
+    ("H100", "fwd", 256, True, (308, 391, 450, 483, 497, 509), _FA3 + "5f", "cudnn"),
+    ("H100", "bwd", 64, False, (266, 348, 395, 417, 432, 433), _FA3 + "6a", "cudnn"),
+    ("H100", "bwd", 128, False, (305, 408, 465, 499, 518, 516), _FA3 + "6b", "cudnn"),
 )
 PUBLISHED_ATTENTION = tuple(AttentionFigure(dev, passes, d, causal, s, v, src, kernel)
                             for dev, passes, d, causal, values, src, kernel in _CURVES
@@ -283,6 +303,7 @@ class Rates(NamedTuple):
     sweep: tuple = ()
     gemm_launch: float = None  # a GEMM's fixed cost, where the sweep pins it (None: launch_seconds)
     attention_flash2: tuple = ()  # FlashAttention-2's rows, where it is not the device's fastest (H100)
+    attention_cudnn: tuple = ()  # cuDNN's fused attention's rows, where they differ from the fastest (H100)
 
 
 _H100_ATTENTION = (  # FlashAttention-3, fitted to Fig. 5 and 6
@@ -297,6 +318,11 @@ _H100_FLASH2 = (  # FlashAttention-2 on H100: the forward fitted to FA3's Fig. 5
     ("bwd", False, 64, 292e12, 240), ("bwd", False, 128, 333e12, 216),
     ("bwd", True, 64, 287e12, 608), ("bwd", True, 128, 327e12, 592),
 )
+_H100_CUDNN = (  # cuDNN's fused attention on H100, fitted to its bars in FA3's Fig. 5 and 6
+    ("fwd", False, 64, 418e12, 128), ("fwd", False, 128, 623e12, 104), ("fwd", False, 256, 601e12, 128),
+    ("fwd", True, 64, 398e12, 392), ("fwd", True, 128, 563e12, 384), ("fwd", True, 256, 523e12, 352),
+    ("bwd", False, 64, 451e12, 336), ("bwd", False, 128, 543e12, 376),
+)
 _A100_ATTENTION = tuple(  # FlashAttention-2, fitted to Fig. 4, which times both passes together
     (pass_, masked, d, rate, s_half) for pass_ in ("fwd", "bwd") for masked, d, rate, s_half in (
         (False, 64, 177e12, 176), (False, 128, 206e12, 208), (True, 64, 176e12, 504), (True, 128, 193e12, 480)))
@@ -304,7 +330,8 @@ _A100_ATTENTION = tuple(  # FlashAttention-2, fitted to Fig. 4, which times both
 _H100_SWEEP = tuple(((m, n, k), tflops) for (n, k), row in XLA_H100_GRID for m, tflops in zip(XLA_M, row))
 
 RATES = {
-    "H100": Rates(0.88, 256, 4e-6, 0.89, _H100_ATTENTION, 8.0, 1e-6, _H100_SWEEP, 5e-6, _H100_FLASH2),
-    "H200": Rates(0.88, 256, 4e-6, 0.85, _H100_ATTENTION, 8.0, 1e-6, _H100_SWEEP, 5e-6, _H100_FLASH2),  # H100's compute (MAMF)
+    "H100": Rates(0.88, 256, 4e-6, 0.89, _H100_ATTENTION, 8.0, 1e-6, _H100_SWEEP, 5e-6, _H100_FLASH2, _H100_CUDNN),
+    "H200": Rates(0.88, 256, 4e-6, 0.85, _H100_ATTENTION, 8.0, 1e-6, _H100_SWEEP, 5e-6, _H100_FLASH2,
+                  _H100_CUDNN),  # H100's compute (MAMF)
     "A100": Rates(0.90, 512, 8e-6, 0.82, _A100_ATTENTION, 0.0, 1e-6, (), 4e-6),
 }

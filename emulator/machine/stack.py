@@ -7,11 +7,12 @@ behind compute, and what each kernel costs the host.
 * ``attention``: ``"flash"`` (one fused kernel per pass: FlashAttention or cuDNN's) or
   ``"unfused"`` (the scores as batched GEMMs, written to HBM, with separate softmax and
   dropout kernels, as Megatron-LM ran before FlashAttention);
-* ``flash_kernel``: which fused kernel: ``"flash"``, the device's fastest (on H100, FA3's
-  rates; Transformer Engine runs cuDNN's fused attention there, whose forward FA3's Fig. 5
-  puts 1% to 23% below FA3's at 2k to 16k tokens, and whose backward no figure here gives),
-  or ``"flash2"``, FlashAttention-2 (PyTorch's SDPA flash backend; on H100 about half FA3's
-  rate);
+* ``flash_kernel``: which fused kernel: ``"flash"``, the device's fastest (on H100,
+  FlashAttention-3's rates); ``"cudnn"``, cuDNN's fused attention, which Transformer
+  Engine prefers on Hopper (FA3's Fig. 5 and 6 put it 1% to 23% below FA3 at 2k to 16k
+  tokens); or ``"flash2"``, FlashAttention-2 (PyTorch's SDPA flash backend; on H100 about
+  half FA3's rate). A device without rows of its own for a kernel (A100) times it as its
+  fastest;
 * ``fused``: the elementwise fusions it has (:data:`FUSIONS`); without one, each op of the
   chain is its own kernel with its own HBM traffic (:mod:`emulator.machine.elementwise`);
 * ``grad_overlap``: ``"backward"``: data-parallel gradients reduced in buckets while
@@ -142,7 +143,7 @@ PRESETS = {
         POLICIES["megatron-bf16"], "flash",
         frozenset({"norm", "bias_act", "bias_dropout_add", "rope", "grad_accumulation", "adam"}), "backward",
         Bucket("params", 40_000_000, 1_000_000, first_stage_only=True), True, False, True, 16, True,
-        1.1e-6, 7e-6, MEGATRON_CORE),
+        1.1e-6, 7e-6, MEGATRON_CORE, flash_kernel="cudnn"),
     "megatron-2021": Stack(
         "megatron-2021", "Megatron-LM as Narayanan et al. 2021 and Korthikanti et al. 2022 ran it",
         POLICIES["megatron-fp16"], "unfused",
