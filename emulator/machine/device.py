@@ -85,8 +85,8 @@ class Device:
                     and r.launch_seconds >= 0):
                 raise ConfigError(f"Device {self.name!r}: efficiencies must be in (0, 1] and overheads >= 0, "
                                   f"got {r[:4]}")
-            for table, rows in (("attention", r.attention), ("attention_flash2", r.attention_flash2),
-                                ("attention_cudnn", r.attention_cudnn)):
+            tables = {"attention": r.attention, **{f"attention_{k}": v for k, v in r.kernel_rows().items()}}
+            for table, rows in tables.items():
                 for pass_, masked, d, rate, s_half in rows:
                     if not (0 < rate <= self.peak_flops and s_half >= 0):
                         raise ConfigError(f"Device {self.name!r}: {table} rate for {pass_}, d={d} must be in "
@@ -157,7 +157,7 @@ class Device:
         if impl not in ATTENTION_IMPLS:
             raise ConfigError(f"Device {self.name!r}: unknown attention kernel {impl!r}; "
                               f"known: {', '.join(ATTENTION_IMPLS)}")
-        own = {"flash2": self.rates.attention_flash2, "cudnn": self.rates.attention_cudnn}.get(impl)
+        own = self.rates.kernel_rows().get(impl)
         return own or self.rates.attention  # a kernel without rows of its own on this device: its fastest
 
     def _attention_curve(self, pass_, head_dim, masked, rows):

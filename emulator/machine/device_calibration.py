@@ -23,7 +23,7 @@ A100    6144 x 12288 x 12288   250.8      269      Azure ND A100 v4 [cuBLASLt], 
 A100    802816 x 192 x 768     157.8      168      Azure ND A100 v4 [cuBLASLt], FP16
 ======  =====================  =========  =======  ==============================================
 
-Attention (TFLOP/s of FlashAttention kernels, FLOPs counted as the papers count them: 4 s^2 d h
+Attention (TFLOP/s of fused attention kernels, FLOPs counted as the papers count them: 4 s^2 d h
 per sequence forward, half that under a causal mask, 2.5 times the forward for the
 backward; batch 16384/s sequences of length s, 2048/d heads of dim d, 16-bit inputs):
 
@@ -304,6 +304,11 @@ class Rates(NamedTuple):
     gemm_launch: float = None  # a GEMM's fixed cost, where the sweep pins it (None: launch_seconds)
     attention_flash2: tuple = ()  # FlashAttention-2's rows, where it is not the device's fastest (H100)
     attention_cudnn: tuple = ()  # cuDNN's fused attention's rows, where they differ from the fastest (H100)
+
+    def kernel_rows(self):
+        """{kernel: its attention rows} for the kernels other than the device's fastest
+        (``impl`` of :class:`~emulator.machine.declared_kernels.Attention`)."""
+        return {"flash2": self.attention_flash2, "cudnn": self.attention_cudnn}
 
 
 _H100_ATTENTION = (  # FlashAttention-3, fitted to Fig. 5 and 6

@@ -8,7 +8,10 @@ its quote.
   --tp-comm-overlap``), through ``pretrain_gpt.py``'s defaults (fused softmax, bias-GeLU,
   bias-dropout-add, RoPE, persistent LayerNorm, gradient-accumulation fusion; no fused
   cross-entropy), attention by Transformer Engine's backend choice (cuDNN's fused kernel
-  on Hopper), bf16 under Megatron's policy;
+  on Hopper: its source is the Transformer Engine of June 2024, before the README's table;
+  the rule stands unchanged at d0067d0,
+  transformer_engine/pytorch/attention/dot_product_attention/utils.py:1647-1653), bf16
+  under Megatron's policy;
 * ``"megatron-2021"``: Megatron-LM as Narayanan et al. 2021 and Korthikanti et al. 2022 ran
   it: attention as batched GEMMs with the fused scale-mask-softmax (scores in HBM), the same
   elementwise fusions, gradients all-reduced after the pipeline flush, fp16 weights with
@@ -65,9 +68,7 @@ MEGATRON_CORE = {
     "flash_kernel": _src(("NVIDIA/TransformerEngine", "43569381ce3779f9bf6084da917556db210d745d"),
                          "transformer_engine/pytorch/attention.py", "4064-4072",
                          "# Select FusedAttention on sm90 and FlashAttention on others for performance ... "
-                         "Disabling FlashAttention to give FusedAttention preference on Hopper+ "
-                         "(TE of 2024-06-13; the same at d0067d0, "
-                         "transformer_engine/pytorch/attention/dot_product_attention/utils.py:1647-1653)"),
+                         "Disabling FlashAttention to give FusedAttention preference on Hopper+"),
     "fused.bias_act": _src(MLM, "megatron/training/arguments.py", "2892-2894",
                            "group.add_argument('--no-bias-gelu-fusion', action='store_false', ..."
                            "dest='bias_gelu_fusion')"),
