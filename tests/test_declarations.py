@@ -27,6 +27,9 @@ PLANS = [
     (GQA, D(tp=2, dp=2, sequence_parallel=True), "pytorch-eager"),
     (DENSE, D(cp=2, dp=2, zero_stage=3), "pytorch-compile"),
     (MOE, D(dp=4, ep=4), "megatron-core"),
+    (GQA, D(dp=2, zero_stage=3, recompute="op"), "pytorch-eager"),  # torchtitan's per-op checkpointing
+    (GQA, D(tp=2, dp=2, sequence_parallel=True, recompute="op"), "pytorch-compile"),
+    (DENSE, D(tp=2, pp=2, micro_batches=4, recompute="op"), "pytorch-eager"),  # GELU; tp without SP: all-reduces again
 ]
 
 

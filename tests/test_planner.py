@@ -42,6 +42,11 @@ SHAPE_ONLY = [  # bf16, mixed-precision Adam, the real programs without values
     (MOE, D(dp=4, ep=4)),
     (MOE, D(dp=4, ep=2, tp=2, zero_stage=1, sequence_parallel=True)),
 ]
+OP_CHECKPOINT = [  # torchtitan's per-op checkpointing, a PyTorch stack's
+    (GQA, D(dp=4, zero_stage=3, recompute="op")),
+    (GQA, D(tp=2, dp=4, sequence_parallel=True, recompute="op")),
+    (DENSE, D(pp=2, tp=2, dp=2, micro_batches=4, zero_stage=1, recompute="op")),
+]
 DATA = [  # ring attention runs with data (fp32): the planner in fp32 too
     (SMALL, D(cp=2, tp=2, dp=2, sequence_parallel=True)),
     (SMALL, D(cp=2, pp=2, micro_batches=2, cp_layout="contiguous")),
@@ -54,9 +59,9 @@ def cluster_for(dims, gpus_per_node=4):
     return cluster_preset("h100", nodes=dims.world_size // g, gpus_per_node=g)
 
 
-def check_against_emulator(model, dims, seq, batch, shape_only):
+def check_against_emulator(model, dims, seq, batch, shape_only, stack=None):
     pr = run_plan(model, cluster_for(dims), dims, seq, batch * seq, shape_only=shape_only,
-                  param_bytes=2 if shape_only else 4)
+                  param_bytes=2 if shape_only else 4, stack=stack)
     est = pr.estimate
     for stage, ((pred, kinds), meas) in enumerate(zip(est.stage_memory, pr.measured_memory())):
         assert abs(pred / meas - 1) < 0.03, f"{dims}: stage {stage} memory {pred:,.0f} predicted, {meas:,.0f} measured"
@@ -79,6 +84,11 @@ def test_predictions_match_the_emulator(model, dims):
     assert set(predicted) == set(measured), (predicted, measured)
     for axis in predicted:  # bytes per axis: exact for every collective, within 1% for MoE's routed rows
         assert predicted[axis] == pytest.approx(measured[axis], rel=0.01), axis
+
+
+@pytest.mark.parametrize("model,dims", OP_CHECKPOINT, ids=[str(d) for _, d in OP_CHECKPOINT])
+def test_per_op_checkpointing_predictions_match_the_emulator(model, dims):
+    check_against_emulator(model, dims, 512, 16, shape_only=True, stack="pytorch-eager")
 
 
 @pytest.mark.parametrize("model,dims", DATA, ids=[str(d) for _, d in DATA])

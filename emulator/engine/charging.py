@@ -17,6 +17,12 @@ The host runs ahead of the GPU otherwise, and catches up only where the program 
 a result on the host (``comm.sync_host()``: the loss read at the end of a step).
 
 Passes nest: a block's pass covers its attention's and its MLP's, which charge into it.
+
+A per-op checkpoint (:mod:`emulator.parallel.tensor_parallel.op_checkpoint`) runs a block's
+forward again in backward with some ops' outputs replayed: once ``comm.replayed(name)``
+says an op was, charging that name (with nothing else of it declared) charges nothing, as
+the replayed op computed nothing. An op computed again instead is not excused: its charge
+is not in the declaration, and the pass fails.
 """
 
 from ..errors import EmulatorError
@@ -40,6 +46,7 @@ class Charges:
         self.ring, self.ready_at, self.last_kernel = None, None, None
         self.bulk_sms = 0  # SMs a bulk overlap takes from the GEMMs charged meanwhile
         self.pipelined = {}  # id of a declared GEMM -> the pipelined collective after it
+        self.replayed = set()  # names of ops a per-op checkpoint replayed (charged nothing)
         for a, b in zip(items, items[1:]):
             if is_kernel(a) and isinstance(b, Collective) and b.overlap and b.overlap[0] == "pipeline":
                 self.pipelined[id(a)] = b.overlap
@@ -48,7 +55,7 @@ class Charges:
         """The declared kernels called ``name`` (or ``name: ...``), removed from what is left."""
         prefix = name + ": "
         hit = [x for x in self.kernels if x.name == name or x.name.startswith(prefix)]
-        if not hit and optional:
+        if not hit and (optional or any(r == name or r.startswith(prefix) for r in self.replayed)):
             return []
         if not hit:
             raise WorkMismatch(f"rank {self.comm.global_rank}: {self.what} charged {name!r}, which its declaration "

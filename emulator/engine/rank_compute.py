@@ -92,6 +92,12 @@ class RankCompute:
             clock.join(me, t0, "the host")
         clock.advance(me, done - t0, name)
 
+    def replayed(self, name):
+        """A per-op checkpoint replayed the op ``name`` (its kept output, not computed): the
+        open pass charges nothing for ``name`` when the module charges it, if nothing else of
+        that name is declared."""
+        self._world._charges[self.global_rank][-1].replayed.add(name)
+
     def replace_declared(self, name, kernels):
         """Swap the open pass's declared ``name`` kernels for ``kernels`` (known only as it runs)."""
         open_ = self._world._charges[self.global_rank]

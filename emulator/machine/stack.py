@@ -25,6 +25,8 @@ behind compute, and what each kernel costs the host.
   reduce-scatters pipelined with the GEMMs beside them, ``tp_overlap_sms`` SMs taken from
   the GEMM for the pipelined ones;
 * ``p2p_overlap``: pipeline sends and receives overlapped with the next chunk's compute;
+* ``op_checkpoint``: whether the stack offers torchtitan's per-op selective activation
+  checkpointing (``recompute="op"``, :mod:`emulator.parallel.tensor_parallel.op_checkpoint`);
 * ``launch``: the GPU's gap between two kernels; ``dispatch``: the host's time to issue one
   kernel (a kernel cannot start before the host has issued it: a step of many small kernels
   is bound by the host).
@@ -95,6 +97,7 @@ class Stack:
     dispatch: float
     sources: dict = field(default_factory=dict, compare=False, repr=False)
     flash_kernel: str = "flash"
+    op_checkpoint: bool = False
 
     def __post_init__(self):
         bad = []
@@ -130,6 +133,7 @@ class Stack:
                  f"  gradient reduction: {self.grad_overlap}, buckets {self.bucket}",
                  f"  overlaps: param gather {self.param_gather_overlap}, FSDP prefetch {self.fsdp_prefetch}, "
                  f"TP comm {self.tp_comm_overlap} ({self.tp_overlap_sms} SMs), p2p {self.p2p_overlap}",
+                 f"  per-op activation checkpointing (recompute='op'): {self.op_checkpoint}",
                  f"  per kernel: launch {self.launch * 1e6:.1f} us, host dispatch {self.dispatch * 1e6:.1f} us"]
         for key, src in sorted(self.sources.items()):
             lines.append(f"  [{key}] {src.cite()}")
@@ -153,12 +157,12 @@ PRESETS = {
         "pytorch-eager", "PyTorch eager with torch.distributed (DDP, FSDP2, DTensor TP), as torchtitan writes a model",
         POLICIES["fsdp2-bf16"], "flash", frozenset({"norm", "adam"}), "backward",
         Bucket("bytes", 25 * 2**20, first=2**20), False, True, False, 0, False, 1.1e-6, 7e-6, PYTORCH_EAGER,
-        flash_kernel="flash2"),
+        flash_kernel="flash2", op_checkpoint=True),
     "pytorch-compile": Stack(
         "pytorch-compile", "PyTorch with torch.compile (Inductor's fused elementwise kernels)",
         POLICIES["fsdp2-bf16"], "flash", frozenset({"norm", "adam", "elementwise"}), "backward",
         Bucket("bytes", 25 * 2**20, first=2**20), False, True, False, 0, False, 1.1e-6, 6.8e-6, PYTORCH_COMPILE,
-        flash_kernel="flash2"),
+        flash_kernel="flash2", op_checkpoint=True),
 }
 
 

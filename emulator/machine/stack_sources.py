@@ -169,6 +169,9 @@ PYTORCH_EAGER = {
                           "# All-gather stream allows overlapping next all-gather with current forward compute"),
     "dispatch": MEGATRON_CORE["dispatch"],
     "launch": MEGATRON_CORE["launch"],
+    "op_checkpoint": _src(("pytorch/torchtitan", "ba2469780da5a689e856e21ab9664ab1bed4fdd5"),
+                          "torchtitan/parallelisms/parallelize_llama.py", "218-267",
+                          "# Saves output of all compute ops, except every second mm"),
 }
 
 PYTORCH_COMPILE = dict(PYTORCH_EAGER)

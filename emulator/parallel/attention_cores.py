@@ -84,15 +84,20 @@ class DenseCore:
             for what in ("attention: scores Q K^T", "attention: scale-mask-softmax", "attention: dropout",
                          "attention: probs @ V"):
                 self.comm.charge(what, optional=what == "attention: dropout")
-        c = {"Q and K": {"Q": self.keep(q), "K": self.keep(k)}, "V": self.keep(v)}
         if fused:  # FlashAttention keeps the log-sum-exp of each row of scores (fp32)
-            c["softmax statistics"] = np.zeros_like(p, shape=p.shape[:-1], dtype=np.float32)
-        elif self.recompute == "none":
+            return o, self.kept(q, k, v, np.zeros_like(p, shape=p.shape[:-1], dtype=np.float32))
+        c = {"Q and K": {"Q": self.keep(q), "K": self.keep(k)}, "V": self.keep(v)}
+        if self.recompute == "none":
             c["softmax output"] = self.keep(p)
             if self.p:
                 c["softmax dropout mask"] = mask
                 c["dropout output (times V)"] = self.keep(pd)
         return o, c
+
+    def kept(self, q, k, v, statistics):
+        """What a fused kernel's backward reads: Q, K, V and the softmax's statistics (per-op
+        checkpointing rebuilds it from Q, K and V computed again and the statistics kept)."""
+        return {"Q and K": {"Q": self.keep(q), "K": self.keep(k)}, "V": self.keep(v), "softmax statistics": statistics}
 
     def backward(self, c, do):
         w = do.dtype

@@ -18,8 +18,10 @@ schedule="1f1b", micro_batches=4)`` says how a model's training is split over
 * ``schedule`` (``gpipe``, ``1f1b``, ``interleaved_1f1b``, ``zb_h1``), ``micro_batches``
   per data-parallel replica and ``v`` chunks per pipeline rank describe the pipeline;
   ``pp=1`` is a one-stage pipeline;
-* ``recompute``: ``"none"``, ``"selective"`` (the attention scores) or ``"full"`` (keep a
-  layer's input only);
+* ``recompute``: ``"none"``, ``"selective"`` (the attention scores), ``"op"`` (torchtitan's
+  per-op checkpointing: every second GEMM, norms and activations again; a PyTorch stack's,
+  :mod:`~emulator.parallel.tensor_parallel.op_checkpoint`) or ``"full"`` (keep a layer's
+  input only);
 * ``cp_layout`` (``"zigzag"`` or ``"contiguous"``) and ``cp_attention`` (``"ring"`` or
   ``"ulysses"``) say how context parallelism cuts the sequence and runs attention.
 
@@ -37,7 +39,7 @@ from ..mesh import DP_CP, EDP, EP, Mesh
 
 AXES = ("pp", "dp", "cp", "tp")  # outermost first
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "full")
 CP_LAYOUTS = ("contiguous", "zigzag")
 CP_ATTENTION = ("ring", "ulysses")
 

@@ -172,7 +172,7 @@ class RankModel:
             mlp = ParallelMoE(moe, ep, regions, group, dtype=gpt.dtype)
         return TensorParallelBlock(tp, gpt.d_model, gpt.n_heads, gpt.d_ff, causal=True,
                                    sequence_parallel=dims.sequence_parallel, act_dtype=self.act,
-                                   recompute="selective" if dims.recompute == "selective" else "none",
+                                   recompute=dims.recompute if dims.recompute in ("selective", "op") else "none",
                                    n_kv_heads=gpt.n_kv_heads, mlp=mlp, core=core, reduce_partial_grads=False)
 
     # ----------------------------------------------------------------- the pipeline's view

@@ -24,7 +24,9 @@ from bisect import insort
 from dataclasses import replace
 from ..accounting.pipeline import interleaved_rounds
 from ..errors import ConfigError
-from ..parallel.dims import RECOMPUTE, ParallelDims
+from ..machine.stack import stack_preset
+from ..parallel.dims import ParallelDims
+from ..parallel.tensor_parallel.op_checkpoint import recompute_modes
 from ..parallel.pipeline.actions import stage_of
 from .bounds import KINDS, Factorisation, step_bound, memory_bound
 from .evaluate import evaluate, structural_problems
@@ -57,7 +59,7 @@ def _micro_batch_sizes(per_replica):
     return divisors(per_replica)
 
 
-def _variants(model, base, B, seq_len):
+def _variants(model, base, B, seq_len, stack=None):
     """Every setting searched for one factorisation ``base``: each micro-batch of b
     sequences that divides the replica's batch (1, 2, 4 and more), each schedule
     (:func:`_schedules`), each ZeRO stage and each recomputation mode; sequence
@@ -68,7 +70,7 @@ def _variants(model, base, B, seq_len):
     for b in _micro_batch_sizes(per_replica):
         m = per_replica // b
         for sched, v in _schedules(model, pp, m):
-            for recompute in RECOMPUTE:
+            for recompute in recompute_modes(stack_preset(stack), cp, model.n_experts):
                 for z in range(4):
                     out.append(dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, micro_batches=m, schedule=sched, v=v,
                                     recompute=recompute, zero_stage=z, sequence_parallel=tp > 1))
@@ -120,7 +122,7 @@ def candidates(model, cluster, seq_len, global_batch_tokens, ctx, rejected):
         for b in _micro_batch_sizes(per_replica):
             m = per_replica // b
             scheds = _schedules(model, pp, m)
-            for recompute in RECOMPUTE:
+            for recompute in recompute_modes(ctx.stack, cp, model.n_experts):
                 kinds = rank_layers(model, part.dims.replace(recompute=recompute), b, seq_len, ctx, KINDS)
                 times = None
                 for z in range(4):

@@ -33,6 +33,7 @@ from ..parallel.mesh_model import embedding_work, head_work, loss_work
 from ..parallel.pipeline.actions import stage_of
 from ..parallel.pipeline.partition import split_layers
 from ..parallel.tensor_parallel.block_work import declared_block
+from ..parallel.tensor_parallel.op_checkpoint import saved_bytes, split_forward
 from .precision_of import plan_context
 
 INT = 8  # int64 token ids and indices
@@ -118,9 +119,11 @@ def _block(m, s, dims, ctx, a, comp):
     params["dense"] = params.get("dense", 0) + 4 * d + attn_params
     partial = (4 * d + d + mlp_partial) if s.sequence_parallel else 0  # norms, o's bias (and fc2's): a slice
     kept = a * 2 * held + attn_kept + mlp_kept  # the two norms' inputs
+    work = declared_block(s, ctx, _busiest_cp_rank(dims))
     if dims.recompute == "full":
         kept = a * held
-    work = declared_block(s, ctx, _busiest_cp_rank(dims))
+    if dims.recompute == "op":  # torchtitan's per-op checkpoint: its input and the kept ops' outputs
+        kept = a * held + saved_bytes(split_forward(work.forward)[0], a)
     ring = [x for x in work.forward if isinstance(x, RingAttention)]
     transient = (2 * ring[0].kv_bytes, 4 * ring[0].kv_bytes) if ring else (0, 0)  # K/V and the arriving block
     return Layer("block", params, partial, kept, a * held, a * held, _ops(work), transient=transient)

@@ -10,6 +10,7 @@ from ..machine import elementwise
 from ..parallel.data_parallel.ladder import uses_distributed_optimizer
 from ..parallel.dims import ParallelDims
 from ..parallel.pipeline.actions import stage_of
+from ..parallel.tensor_parallel.op_checkpoint import recompute_modes
 from .bound_rows import chunk_counts
 from .comm import closed_form_tail
 from .layers import rank_layers, split_names
@@ -68,7 +69,7 @@ def screen(model, timer, kw, seq_len, tokens, hbm, ctx, tails):
             deferred[comp] = max(deferred.get(comp, 0), min(r, m))
     layers = {}
     stages = (0, 1, 2, 3) if kw["dp"] * kw["cp"] > 1 else (0,)
-    for recompute in ("none", "selective", "full"):
+    for recompute in recompute_modes(ctx.stack, kw["cp"], model.n_experts):
         dims = ParallelDims(recompute=recompute, **kw)
         if recompute != "full":
             layers[recompute] = rank_layers(model, dims, b, seq_len, ctx, ["embed", "blocks.0", "head"])

@@ -37,6 +37,7 @@ from ...nn.module import sub
 from ...nn.precision import upcast
 from ...machine.work import np_dtype
 from .actions import destination, source, stage_of
+from ..dims import RECOMPUTE
 from .activations import ActivationLedger
 from .partition import LocalParams, chunk_layers, split_layers  # noqa: F401 -- split_layers also importable from here
 
@@ -62,9 +63,9 @@ class PipelineStage(ActivationLedger):
         self.chunks = [[(n, modules[n]) for n in names] for names in chunk_layers(model, self.p, self.rank, v)]
         self.modules = modules
         self.names = [n for chunk in self.chunks for n, _ in chunk]
-        if recompute not in ("none", "selective", "full"):
-            raise ConfigError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
-        self.recompute = recompute == "full"  # selective recomputation happens inside the blocks
+        if recompute not in RECOMPUTE:
+            raise ConfigError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+        self.recompute = recompute == "full"  # selective and per-op recomputation happen inside the blocks
         self._init_activations(release)
         if hooks is None:
             if params is None:

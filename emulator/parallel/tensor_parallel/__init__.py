@@ -11,7 +11,8 @@
   column-parallel part feeding a row-parallel one shares (``ColumnThenRow``);
 * :mod:`.mlp`, :mod:`.attention`: the MLP and attention split by Megatron (whole heads per rank);
 * :mod:`.block`: ``TensorParallelBlock``, the transformer block as an ``nn`` module;
-  :mod:`.block_work`: the declaration of its work;
+  :mod:`.block_work`: the declaration of its work; :mod:`.op_checkpoint`: torchtitan's
+  per-op selective checkpointing of a block (``recompute="op"``);
 * :mod:`.vocab`: the embedding and the cross-entropy split by vocabulary.
 
 This package's own names are the lesson's: the linear layers and the f/g operators.

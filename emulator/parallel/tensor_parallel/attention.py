@@ -23,6 +23,7 @@ from ..attention_cores import UlyssesCore, core_work
 from ..layer_shape import LayerShape
 from ..placement import Placement
 from .linear import ColumnThenRow
+from .op_checkpoint import passthrough
 from .regions import ready
 from .regions_work import (region_gather, region_gather_again, region_gather_back, region_reduce, region_reduce_back,
                            wgrad)
@@ -38,6 +39,7 @@ class ParallelAttention(ColumnThenRow):
         self.heads, self.kv_heads = n_heads // t, n_kv_heads // t
         self.keep = keep or (lambda a: a)
         self.keep_gathered = keep_gathered_input and regions.sp
+        self.saved = passthrough  # a per-op checkpoint's record or replay (.op_checkpoint), when the block opens one
 
     def placements(self, sp):
         col_w, col_b, row_w = Placement((("tp", 1),)), Placement((("tp", 0),)), Placement((("tp", 0),))
@@ -79,15 +81,21 @@ class ParallelAttention(ColumnThenRow):
     def _forward(self, P, x):
         xg = self.r.gather(x)  # (b, s, d)
         c = {"q, k, v projections' input": self.keep(xg if self.keep_gathered else x)}
-        rows = xg.shape[0] * xg.shape[1]
-        q = self._heads(xg @ P["q.w"] + P["q.b"], self.heads)
-        k, v = (self._heads(xg @ P[f"{n}.w"] + P[f"{n}.b"], self.kv_heads) for n in "kv")
+        saved = self.saved  # each op's charge after it: a replayed one (op_checkpoint) is charged nothing
+        q = self._heads(saved("attention: qkv: q", lambda: xg @ P["q.w"] + P["q.b"]), self.heads)
+        k, v = (self._heads(saved(f"attention: qkv: {n}", lambda n=n: xg @ P[f"{n}.w"] + P[f"{n}.b"]), self.kv_heads)
+                for n in "kv")
         self._gemm("attention: qkv")
-        heads, c["core"] = self.core.forward(q, k, v)
+        heads, c["core"] = saved("attention: core", lambda: self.core.forward(q, k, v),
+                                 save=lambda out: {"output": self.keep(out[0]),
+                                                   "softmax statistics": out[1]["softmax statistics"]},
+                                 restore=lambda kept: (kept["output"].astype(q.dtype, copy=False),
+                                                       self.core.kept(q, k, v, kept["softmax statistics"])))
         ctx = self._merge(heads)  # (b, s, d/t)
         c["output projection input"] = self.keep(ctx)
+        z = saved("attention: output projection", lambda: ctx @ P["o.w"])
         self._gemm("attention: output projection")
-        return self.r.reduce(ctx @ P["o.w"]) + P["o.b"], c
+        return saved("attention: reduce output", lambda: self.r.reduce(z)) + P["o.b"], c
 
     # ----------------------------------------------------------------- backward, in pieces
     def _inner(self, P, c, do):

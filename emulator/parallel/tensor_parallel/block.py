@@ -25,7 +25,9 @@ block (same parameter names), on the ranks of a tp group (``comm``; size 1 is on
   byte per element, under the names of :func:`emulator.accounting.activation_terms`:
   :func:`cached_terms` of a forward's cache equals the formula term by term.
   ``recompute="selective"`` recomputes the softmax and its dropout in backward; ``"full"``
-  keeps only the input.
+  keeps only the input; ``"op"`` keeps the input and the outputs of the ops torchtitan's
+  per-op checkpointing keeps (:mod:`.op_checkpoint`), and in backward runs its forward
+  again with those ops' outputs replayed: not computed, not charged, not sent again.
 """
 
 import numpy as np
@@ -42,13 +44,15 @@ from ..attention_cores import DenseCore, UlyssesCore
 from ..layer_shape import LayerShape
 from ..placement import Placement, shard
 from .attention import ParallelAttention
+from ...engine.charging import WorkMismatch
 from .block_work import declared_block
+from .op_checkpoint import SavedOps, check as check_op_checkpoint, passthrough, split_forward
 from .mlp import ParallelMLP
 from .overlap import TERegions
 from .regions import TPRegions, all_reduce_together
 from .regions_work import PIPELINE_SPLITS
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "full")
 NORMS = ("ln1.g", "ln1.b", "ln2.g", "ln2.b")
 
 
@@ -68,6 +72,9 @@ class TensorParallelBlock:
             raise ConfigError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
         if dropout and core is not None:
             raise ConfigError("dropout is supported with the dense attention core only")
+        if recompute == "op":
+            cp = getattr(core, "cp", None)
+            check_op_checkpoint(comm.stack, cp.size if cp is not None else 1, 0 if dense else 1)
         self.comm, self.d_model, self.n_heads, self.d_ff = comm, d_model, n_heads, d_ff
         self.sp, self.p, self.seed, self.act, self.recompute = sequence_parallel, dropout, seed, act_dtype, recompute
         self.reduce_partial_grads = reduce_partial_grads
@@ -163,7 +170,26 @@ class TensorParallelBlock:
             if self.recompute == "full":
                 y, _ = self._forward(params, x)
                 return y, {"layer input": self._keep(x)}
+            if self.recompute == "op":
+                return self._forward_keeping_ops(params, x)
             return self._forward(params, x)
+
+    def _forward_keeping_ops(self, params, x):
+        """torchtitan's per-op checkpoint: the input and the kept ops' outputs, by name."""
+        kept = SavedOps([k.name for k in split_forward(self.work(np.shape(x)).forward)[0]], self._keep)
+        y, _ = self._with(kept, lambda: self._forward(params, x))
+        missing = sorted(kept.names - set(kept.values))
+        if missing:
+            raise WorkMismatch(f"rank {self.comm.global_rank}: the block declares {missing} kept, "
+                               f"but its forward never ran them")
+        return y, {"layer input": self._keep(x), "kept ops": kept.values}
+
+    def _with(self, saved, run):
+        self.attn.saved = self.mlp.saved = saved
+        try:
+            return run()
+        finally:
+            self.attn.saved = self.mlp.saved = passthrough
 
     def _forward(self, P, x):
         c = {"LayerNorm 1 input": self._keep(x)}
@@ -184,10 +210,15 @@ class TensorParallelBlock:
 
     # ----------------------------------------------------------------- backward
     def _cache(self, P, c, dy):
-        if "layer input" in c:  # full recomputation: run the forward again first
+        if "kept ops" in c:  # per-op checkpoint: the forward again, the kept ops replayed
+            kept = SavedOps(c["kept ops"], self._keep, c["kept ops"], dy.dtype, self.comm.replayed)
+            _, again = self._with(kept, lambda: self._forward(P, c["layer input"].astype(dy.dtype, copy=False)))
+        elif "layer input" in c:  # full recomputation: run the forward again first
             _, again = self._forward(P, c["layer input"].astype(dy.dtype, copy=False))
-            c.clear()
-            c.update(again)
+        else:
+            return c
+        c.clear()
+        c.update(again)
         return c
 
     def _norm_back(self, c, name, P, d):

@@ -11,6 +11,7 @@ from ..attention_cores import core_work
 from ..expert_parallel import moe_work
 from .attention import attention_work
 from .mlp import mlp_work
+from .op_checkpoint import check as check_op_checkpoint, split_forward
 
 
 @lru_cache(maxsize=512)
@@ -23,7 +24,9 @@ def block_work(s, ctx, cp_rank=0):
     """One block's :class:`~emulator.machine.work.Work` on a rank, for a micro-batch of shape
     ``s``: the two norms, attention (its core as the stack and ``s`` say), the MLP or the
     experts, the two bias-dropout-adds, and in backward the residual stream's gradient sums;
-    ``recompute`` (full recomputation) is the forward again."""
+    ``recompute`` (full recomputation) is the forward again; under torchtitan's per-op
+    checkpointing (``s.recompute == "op"``) it is the forward's ops whose outputs the
+    policy does not keep, which backward runs first (:mod:`.op_checkpoint`)."""
     st, a, c, p = ctx.stack, ctx.dtype("activations"), ctx.dtype("tp"), ctx.dtype("params")
     r, d = s.rows_sp, s.d
     attn = attention_work(s, ctx, core_work(s, ctx, cp_rank))
@@ -44,4 +47,8 @@ def block_work(s, ctx, cp_rank=0):
         W += (Collective("block: all-reduce partial grads", "all_reduce", "tp", s.tp, n * dtype_bytes(g), g),)
     if s.recompute == "full":  # the block keeps its input only and runs its forward again first
         B = F + B
+    if s.recompute == "op":  # its input and the kept ops' outputs; the other ops run again first
+        check_op_checkpoint(st, s.cp, s.n_experts)
+        again = split_forward(F)[1]
+        return Work("block", F, again + B, W, again)
     return Work("block", F, B, W, F)

@@ -20,6 +20,7 @@ from ...nn.activations import gelu, gelu_backward, silu, silu_backward
 from ..layer_shape import LayerShape
 from ..placement import Placement
 from .linear import ColumnThenRow
+from .op_checkpoint import passthrough
 from .regions import ready
 from .regions_work import (region_gather, region_gather_again, region_gather_back, region_reduce, region_reduce_back,
                            wgrad)
@@ -33,6 +34,7 @@ class ParallelMLP(ColumnThenRow):
         self.dtype = dtype
         self.keep = keep or (lambda a: a)
         self.keep_gathered = keep_gathered_input and regions.sp
+        self.saved = passthrough  # a per-op checkpoint's record or replay (.op_checkpoint), when the block opens one
         self.widen = ("fc1",) if kind == "gelu" else ("gate", "up")
         self.narrow = "fc2" if kind == "gelu" else "down"
 
@@ -61,20 +63,22 @@ class ParallelMLP(ColumnThenRow):
     def _forward(self, P, x):
         xg = self.r.gather(x)
         c = {"fc1 input": self.keep(xg if self.keep_gathered else x)}
-        rows = xg.shape[0] * xg.shape[1]
-        self._gemm("mlp: fc1")
+        saved = self.saved  # each op's charge after it: a replayed one (op_checkpoint) is charged nothing
         if self.kind == "gelu":
-            u = xg @ P["fc1.w"] + P["fc1.b"]
+            u = saved("mlp: fc1", lambda: xg @ P["fc1.w"] + P["fc1.b"])
+            self._gemm("mlp: fc1")
             c["GELU input"] = self.keep(u)
             h = gelu(u)
         else:
-            g, u = xg @ P["gate.w"], xg @ P["up.w"]
+            g, u = saved("mlp: fc1: gate", lambda: xg @ P["gate.w"]), saved("mlp: fc1: up", lambda: xg @ P["up.w"])
+            self._gemm("mlp: fc1")
             c["gate output"], c["up output"] = self.keep(g), self.keep(u)
             h = silu(g) * u
         self.r.comm.charge("mlp: activation")
         c["fc2 input"] = self.keep(h)
+        z = saved("mlp: fc2", lambda: h @ P[f"{self.narrow}.w"])
         self._gemm("mlp: fc2")
-        y = self.r.reduce(h @ P[f"{self.narrow}.w"])
+        y = saved("mlp: reduce output", lambda: self.r.reduce(z))
         return (y + P["fc2.b"] if self.kind == "gelu" else y), c
 
     # ----------------------------------------------------------------- backward, in pieces
