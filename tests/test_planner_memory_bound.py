@@ -3,20 +3,18 @@ setting of small clusters (and the check catches a bound that does)."""
 
 import pytest
 
-from emulator.grading.lesson06 import small_hbm_cluster
 from emulator.planner import bounds, exhaustive
 from emulator.planner.layers import rank_layers
 from emulator.planner.precision_of import plan_context
-from tests.test_planner_search_brute_force import CASES, every_setting
+from tests.test_planner_search_brute_force import CASES, case, every_setting
 
 
 def _pairs(name, step=3):
     """(memory bound, the worst rank's peak) for every ``step``-th setting of a case."""
-    model, seq, batch, hbm, nodes, g = CASES[name]
-    cluster = small_hbm_cluster(nodes=nodes, gpus_per_node=g, hbm=hbm)
-    model, ctx, parts = model.with_seq(seq), plan_context(), {}
+    model, seq, batch, cluster, stack = case(name)
+    model, ctx, parts = model.with_seq(seq), plan_context(stack), {}
     out = []
-    for i, d in enumerate(every_setting(model, cluster.gpus, batch)):
+    for i, d in enumerate(every_setting(model, cluster.gpus, batch, stack)):
         if i % step or exhaustive.structural_problems(model, cluster, d, seq, batch * seq):
             continue  # every step-th setting that can be built
         base = (d.dp, d.tp, d.pp, d.cp, d.ep)

@@ -8,27 +8,39 @@ schedule out or a bound that is not one."""
 import pytest
 
 from emulator.grading.lesson06 import small_hbm_cluster
+from emulator.machine.stack import stack_preset
 from emulator.parallel.dims import ParallelDims
 from emulator.planner import ModelSpec, evaluate
 from emulator.planner import exhaustive as ranking
 from emulator.planner.precision_of import plan_context
 
-# (model, seq_len, batch in sequences, HBM bytes, nodes, GPUs per node): one a pipeline
-# interleaved over 4 chunks wins, one tensor parallelism with grouped-query attention and
-# SwiGLU, one where plain data parallelism does
+# (model, seq_len, batch in sequences, HBM bytes, nodes, GPUs per node[, stack]): one a
+# pipeline interleaved over 4 chunks wins, one tensor parallelism with grouped-query
+# attention and SwiGLU, one where plain data parallelism does, one (a PyTorch stack) where
+# torchtitan's per-op checkpointing does
+LLAMA = ModelSpec(8, 512, 8, 2048, 4096, n_kv_heads=4, mlp="swiglu", positions="rope", norm="rmsnorm", bias=False)
 CASES = {
     "pipeline": (ModelSpec(16, 512, 8, 2048, 4096), 512, 32, 0.2e9, 2, 4),
     "gqa-swiglu": (ModelSpec(12, 768, 12, 3072, 8192, n_kv_heads=4, mlp="swiglu"), 1024, 16, 0.3e9, 2, 4),
     "data-parallel-16": (ModelSpec(6, 384, 6, 1536, 3072), 512, 16, 0.15e9, 4, 4),
+    "per-op-checkpoint": (LLAMA, 1024, 16, 0.25e9, 2, 4, "pytorch-eager"),
 }
+
+
+def case(name):
+    """(model, seq, batch, cluster, stack) of a case."""
+    model, seq, batch, hbm, nodes, g, *stack = CASES[name]
+    return model, seq, batch, small_hbm_cluster(nodes=nodes, gpus_per_node=g, hbm=hbm), (stack or [None])[0]
 
 
 def divisors(n):
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def every_setting(model, gpus, batch):
-    """The settings the search covers, written out from what it promises (not its code)."""
+def every_setting(model, gpus, batch, stack=None):
+    """The settings the search covers, written out from what it promises (not its code):
+    per-op checkpointing where the stack offers it, without context parallelism."""
+    op = stack_preset(stack).op_checkpoint
     for tp in divisors(gpus):
         for pp in divisors(gpus // tp):
             for cp in divisors(gpus // (tp * pp)):
@@ -42,7 +54,7 @@ def every_setting(model, gpus, batch):
                         scheds += [("interleaved_1f1b", v) for v in range(2, model.n_layers // pp + 1)
                                    if v == 2 or model.n_layers % (pp * v) == 0]
                     for sched, v in scheds:
-                        for recompute in ("none", "selective", "full"):
+                        for recompute in ("none", "selective") + (("op",) if op and cp == 1 else ()) + ("full",):
                             for z in range(4):
                                 yield ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, micro_batches=m, schedule=sched, v=v,
                                                    recompute=recompute, zero_stage=z, sequence_parallel=tp > 1)
@@ -55,21 +67,20 @@ def brute_force(name):
     """(every plan's Estimate by its dims, the fastest valid plan that fits, the search's
     bounds by dims), computed once per case."""
     if name not in _BRUTE:
-        model, seq, batch, hbm, nodes, g = CASES[name]
-        cluster = small_hbm_cluster(nodes=nodes, gpus_per_node=g, hbm=hbm)
-        ests = {d: evaluate(model, cluster, d, seq, batch * seq) for d in every_setting(model, cluster.gpus, batch)}
+        model, seq, batch, cluster, stack = case(name)
+        ests = {d: evaluate(model, cluster, d, seq, batch * seq, stack=stack)
+                for d in every_setting(model, cluster.gpus, batch, stack)}
         fitting = [e for e in ests.values() if e.step_time is not None and e.valid]
         best = min(fitting, key=lambda e: e.step_time)
         bounds = {ParallelDims(**kw): bound for bound, kw in
-                  ranking.candidates(model.with_seq(seq), cluster, seq, batch * seq, plan_context(), [])}
+                  ranking.candidates(model.with_seq(seq), cluster, seq, batch * seq, plan_context(stack), [])}
         _BRUTE[name] = ests, best, bounds
     return _BRUTE[name]
 
 
 def run_search(name, **kw):
-    model, seq, batch, hbm, nodes, g = CASES[name]
-    cluster = small_hbm_cluster(nodes=nodes, gpus_per_node=g, hbm=hbm)
-    return ranking.exhaustive_search(model, cluster, seq, batch * seq, **kw)
+    model, seq, batch, cluster, stack = case(name)
+    return ranking.exhaustive_search(model, cluster, seq, batch * seq, stack=stack, **kw)
 
 
 def misses_the_best(first, best, tolerance=0.02):
@@ -100,9 +111,9 @@ def test_the_bounds_never_exceed_evaluate_and_no_plan_that_fits_is_discarded(nam
     assert not bound_violations(ests, bounds)
     fitting = {d for d, e in ests.items() if e.step_time is not None and e.valid}
     assert fitting and fitting <= set(bounds), sorted(map(str, fitting - set(bounds)))[:3]
-    model, seq, batch, hbm, nodes, g = CASES[name]
-    covered = {ParallelDims(**kw) for base in ranking.enumerate_plans(model.with_seq(seq), small_hbm_cluster(
-        nodes=nodes, gpus_per_node=g, hbm=hbm), seq, batch * seq)[0] for kw in ranking._variants(model, base, batch, seq)}
+    model, seq, batch, cluster, stack = case(name)
+    covered = {ParallelDims(**kw) for base in ranking.enumerate_plans(model.with_seq(seq), cluster, seq, batch * seq)[0]
+               for kw in ranking._variants(model, base, batch, seq, stack)}
     runnable = {d for d, e in ests.items()
                 if e.step_time is not None and not [p for p in e.problems if not p.startswith(("slow:", "does not fit"))]}
     assert runnable and runnable <= covered  # the settings the search says it covers are these
@@ -135,10 +146,17 @@ def test_the_checks_fail_on_a_search_that_leaves_the_best_micro_batch_out(monkey
 
 def test_the_checks_fail_on_a_bound_that_is_not_one(monkeypatch):
     ests, _, _ = brute_force("pipeline")
-    model, seq, batch, hbm, nodes, g = CASES["pipeline"]
-    cluster = small_hbm_cluster(nodes=nodes, gpus_per_node=g, hbm=hbm)
+    model, seq, batch, cluster, _ = case("pipeline")
     real = ranking.step_bound
     monkeypatch.setattr(ranking, "step_bound", lambda *a: real(*a) * 1.2)  # 20% over: no longer a lower bound
     inflated = {ParallelDims(**kw): bound for bound, kw in
                 ranking.candidates(model.with_seq(seq), cluster, seq, batch * seq, plan_context(), [])}
     assert bound_violations(ests, inflated)
+
+
+def test_the_checks_fail_on_a_search_that_leaves_per_op_checkpointing_out(monkeypatch):
+    ests, best, _ = brute_force("per-op-checkpoint")
+    assert best.dims.recompute == "op"
+    monkeypatch.setattr(ranking, "recompute_modes", lambda stack, cp, experts: ("none", "selective", "full"))
+    (_, first), = run_search("per-op-checkpoint", top=1)
+    assert misses_the_best(first, best, tolerance=0.0)
