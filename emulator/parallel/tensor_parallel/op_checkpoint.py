@@ -3,9 +3,9 @@
 torchtitan wraps each transformer block in ``torch.utils.checkpoint`` with a policy that
 decides op by op what the forward keeps. Its rule (torchtitan ``parallelize_llama.py``,
 ``_save_list`` and ``_custom_policy``, lines 218-267 at ba24697 of 2024-12-19, the code of
-its Llama 3.1 benchmarks; the same rule at b5bcd76, ``distributed/activation_checkpoint.py``
-``_get_default_save_ops`` and
-``_get_custom_policy``, lines 31-94 and 243-273):
+its Llama 3.1 benchmarks, whose ``train_configs/llama3_8b.toml`` sets
+``selective_ac_option = 'op'``; the same rule at b5bcd76, ``distributed/activation_checkpoint.py``,
+``_get_default_save_ops`` and ``_get_custom_policy``, lines 31-94 and 243-273):
 
 * the outputs of the matrix multiplies are kept, except every second one of the block
   (the count restarts with each block): in a Llama block ``wq, wk, wv, wo, w1, w3, w2``
@@ -22,8 +22,9 @@ emulator's block keeps exactly the kept items' outputs (:class:`SavedOps`) and t
 counts the same bytes (:func:`saved_bytes`). It needs each projection as its own GEMM, as
 eager PyTorch runs a model written the way torchtitan writes it (a stack with
 ``op_checkpoint``), a fused attention kernel, a dense MLP and no context parallelism.
-torchtitan's models have no biases, so each projection is one ``mm`` (a biased projection
-would run as ``addmm``, which torch's list saves always and the count skips).
+torchtitan's models have no biases, so each of their projections is one ``mm``; the rule
+counts every declared GEMM that way, also in a block with biases (where torch would run a
+biased projection as ``addmm``, which its list saves always and the count skips).
 """
 
 from ...errors import ConfigError
@@ -31,8 +32,6 @@ from ...machine.work import Attention, Collective, Gemm, dtype_bytes
 from ..dims import RECOMPUTE
 
 SAVED_COLLECTIVES = ("reduce_scatter",)
-SOURCE = ("pytorch/torchtitan@ba24697 torchtitan/parallelisms/parallelize_llama.py:218-267: "
-          "'# Saves output of all compute ops, except every second mm'")
 
 
 def check(stack, cp=1, experts=0):
