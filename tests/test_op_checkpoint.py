@@ -163,3 +163,23 @@ def test_plans_it_cannot_run_are_refused_by_name(stack, dims, why):
     moe = ModelSpec(4, 256, 8, 512, 2048, mlp="swiglu", n_experts=8, top_k=2)
     with pytest.raises(ConfigError, match="experts"):
         evaluate(moe, cluster, ParallelDims(dp=8, ep=8, recompute="op"), 4096, 8 * 4096, stack="pytorch-eager")
+
+
+@pytest.mark.parametrize("dims", [ParallelDims(dp=2, tp=2, pp=2, micro_batches=2, zero_stage=3, sequence_parallel=True,
+                                               recompute="op"),
+                                  ParallelDims(tp=2, pp=2, micro_batches=2, schedule="zb_h1", recompute="op")])
+def test_a_mesh_run_with_it_equals_one_device(dims):
+    """run_on_mesh with per-op checkpointing (two steps of AdamW) against train_single."""
+    from emulator.parallel import run_on_mesh
+    from emulator.training import synthetic_batches, train_single
+
+    model = nn.GPT(16, 16, 4, 32, 4, 8, dtype=np.float64, n_kv_heads=2, mlp="swiglu")
+    params = model.init(np.random.default_rng(0))
+    batches = synthetic_batches(2, 4 * dims.dp, 8, model.vocab, seed=1)
+    run = run_on_mesh(model, params, batches, dims, nn.AdamW(lr=1e-2), stack="pytorch-eager")
+    ref, ref_losses = train_single(model, params, batches, nn.AdamW(lr=1e-2), micro_batches=dims.dp * dims.micro_batches)
+    assert np.allclose(run.losses, ref_losses, rtol=0, atol=1e-12)
+    assert all(np.allclose(run.params[k], ref[k], rtol=1e-9, atol=1e-12) for k in ref)
+    again = [[k.name for k in kernels] for what, passes in run.world.charged[0] if "backward" in what
+             for name, kernels in passes if name == "attention: qkv"]
+    assert again and all(names == ["attention: qkv: k"] for names in again)  # backward ran wk again, only wk
