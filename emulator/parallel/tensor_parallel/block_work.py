@@ -50,5 +50,7 @@ def block_work(s, ctx, cp_rank=0):
     if s.recompute == "op":  # its input and the kept ops' outputs; the other ops run again first
         check_op_checkpoint(st, s.cp, s.n_experts)
         again = split_forward(F)[1]
-        return Work("block", F, again + B, W, again)
+        return Work("block", F, again + B, W, again,
+                    notes=("per-op checkpointing: backward_input begins with the recompute pass (the "
+                           "forward's ops whose outputs are not kept), listed under recompute",))
     return Work("block", F, B, W, F)
