@@ -679,7 +679,8 @@ print(f"full recomputation against none: {rates['full'] / rates['none'] - 1:+.0%
 # w3, w2`, those of `wq, wv, w1, w2`), the attention kernel's output and every
 # reduce-scatter's, and recomputes the rest (`wk`, `wo`, `w3`, norms, RoPE, SiLU, adds).
 # torchtitan's Llama 3.1 8B benchmark (its `benchmarks/llama3_h100_202412_torchtitan.md`,
-# Table 1: FSDP on 8 H100s, 2 sequences of 8,192 per GPU, eager PyTorch) ran that policy.
+# Table 1: FSDP on 8 H100s, 2 sequences per GPU, eager PyTorch, "selective activation
+# checkpointing"; its 8B config sets sequences of 8,192 and this per-op policy) ran it.
 # The same run under the three policies:
 
 # %%
@@ -692,11 +693,13 @@ for recompute in ("none", "op", "full"):
 # %% [markdown]
 # Without recomputation the run does not fit in 80 GB; full recomputation fits with room
 # to spare and pays a whole forward again; the per-op policy keeps about half the
-# activations and recomputes the cheap half of the forward (three GEMMs of seven and the
-# memory-bound ops), for a tenth fewer tokens per second than no recomputation. torchtitan
-# measured 5,762 tokens/s per GPU on H100s of 96 GB HBM2e run at 500 W; the planner's
-# H100 is the 700 W SXM part with 3.35 TB/s of HBM3, and it models no clock lowered by a
-# power limit, so its figure is a ceiling for that machine, not a prediction of it.
+# activations and recomputes about a third of the block's GEMM FLOPs (`wk`, `wo`, `w3`),
+# none of attention, and the memory-bound ops, for a tenth fewer tokens per second than no
+# recomputation. torchtitan measured 5,762 tokens/s per GPU on H100s of 96 GB HBM2e run at
+# 500 W; the planner's H100 is the 700 W SXM part with 3.35 TB/s of HBM3, and it models no
+# clock lowered by a power limit, so its figure is a ceiling for that machine, not a
+# prediction of it. Its 82.4 GiB is the most memory PyTorch's allocator held in reserve,
+# which is more than the tensors alive at any moment (the planner's figure).
 #
 # ## 8. Napkins
 #

@@ -9,6 +9,8 @@ import pytest
 
 from emulator import ConfigError, World, nn
 from emulator.engine.charging import WorkMismatch
+from emulator.machine.stack import stack_preset
+from emulator.parallel.attention_cores import RingCore
 from emulator.parallel import ParallelDims
 from emulator.parallel.tensor_parallel import op_checkpoint
 from emulator.parallel.tp_block import TensorParallelBlock
@@ -96,9 +98,10 @@ def test_equals_the_single_device_block(t, sp, kind):
         want = tb.shard(g_ref)
         assert all(np.allclose(g[k], want[k]) for k in want), [k for k in want if not np.allclose(g[k], want[k])]
     ops = [c.op for c in w.calls[0]]
-    if sp:  # the forward's all-gathers run again in backward; its reduce-scatters are replayed, not sent
+    if sp:  # the forward's all-gathers run again in backward, its reduce-scatters are replayed, not sent; the
+        # weight gradients read the input gathered again there (PyTorch's autograd keeps it: no third gather)
         forward = ["all_gather", "reduce_scatter"] * 2
-        backward = ["all_gather", "all_gather", "reduce_scatter", "all_gather", "all_gather", "reduce_scatter"]
+        backward = ["all_gather", "reduce_scatter"] * 2  # the output gradient gathered, the input's scattered
         assert ops == forward + ["all_gather", "all_gather"] + backward + ["all_reduce"]
     elif t > 1:  # torchtitan's list keeps no all-reduce: both run again
         assert ops == ["all_reduce"] * 6
@@ -153,16 +156,27 @@ def test_a_kept_op_the_forward_never_runs_fails_the_forward(monkeypatch):
 @pytest.mark.parametrize("stack,dims,why", [
     ("megatron-core", ParallelDims(dp=8, recompute="op"), "no per-op checkpointing"),
     ("pytorch-eager", ParallelDims(dp=4, cp=2, recompute="op"), "context parallelism"),
+    (stack_preset("megatron-core").replace(op_checkpoint=True), ParallelDims(dp=8, recompute="op"), "fuses q, k, v"),
 ])
 def test_plans_it_cannot_run_are_refused_by_name(stack, dims, why):
     cluster = cluster_preset("h100", nodes=1, gpus_per_node=8)
+    est = evaluate(LLAMA, cluster, dims, 4096, 8 * 4096, stack=stack)
+    assert est.step_time is None and any(why in p and p.startswith("recompute='op'") for p in est.problems)
+    wrong_size = evaluate(LLAMA, cluster_preset("h100", nodes=2), dims, 4096, 16 * 4096, stack=stack)
+    assert len(wrong_size.problems) >= 2 and any(why in p for p in wrong_size.problems)  # every problem at once
     with pytest.raises(ConfigError, match=why):
-        evaluate(LLAMA, cluster, dims, 4096, 8 * 4096, stack=stack)
-    with pytest.raises(ConfigError, match="no per-op checkpointing"):
-        World(1, stack="megatron-core").run(lambda comm: TensorParallelBlock(comm, D, A, FF, recompute="op"))
+        World(dims.cp, stack=stack).run(lambda comm: TensorParallelBlock(  # (a ring over cp ranks as its core)
+            comm, D, A, FF, recompute="op", core=None if dims.cp == 1 else RingCore(comm)))
     moe = ModelSpec(4, 256, 8, 512, 2048, mlp="swiglu", n_experts=8, top_k=2)
-    with pytest.raises(ConfigError, match="experts"):
-        evaluate(moe, cluster, ParallelDims(dp=8, ep=8, recompute="op"), 4096, 8 * 4096, stack="pytorch-eager")
+    est = evaluate(moe, cluster, ParallelDims(dp=8, ep=8, recompute="op"), 4096, 8 * 4096, stack="pytorch-eager")
+    assert any("experts" in p for p in est.problems)
+
+
+def test_a_torch_lab_cuts_the_same_shards_whatever_it_recomputes():
+    P = nn.TransformerBlock(D, A, FF, n_kv_heads=KV, mlp="swiglu").init(np.random.default_rng(0))
+    shards = [TensorParallelBlock.shard_for(P, 1, 2, D, A, FF, n_kv_heads=KV, mlp="swiglu", recompute=r)
+              for r in ("none", "op")]
+    assert shards[0].keys() == shards[1].keys() and all(np.array_equal(shards[0][k], shards[1][k]) for k in shards[0])
 
 
 @pytest.mark.parametrize("dims", [ParallelDims(dp=2, tp=2, pp=2, micro_batches=2, zero_stage=3, sequence_parallel=True,

@@ -168,3 +168,39 @@ def test_the_contention_beside_nccl_is_the_published_average():
 
     assert comm_overlap.NCCL_CONTENTION == 0.189
     assert "an average computational slowdown of 18.9%" in " ".join(comm_overlap.__doc__.split())
+
+
+def test_under_sequence_parallelism_pytorch_keeps_the_gathered_input_and_megatron_gathers_it_again():
+    """torchtitan's TP plan hands the attention and the MLP their input redistributed whole
+    (an all-gather), and autograd keeps what the matrix multiply read; Megatron keeps its
+    slice and all-gathers it again for the weight gradients."""
+    import numpy as np
+
+    from emulator import World, nn
+    from emulator.parallel.tp_block import TensorParallelBlock
+    from emulator.planner.layers import rank_layers
+    from emulator.planner.models import ModelSpec
+    from emulator.planner.precision_of import plan_context
+
+    d, a, ff, b, s, t = 32, 8, 64, 2, 8, 2
+    P = nn.TransformerBlock(d, a, ff, mlp="swiglu").init(np.random.default_rng(0))
+    x = np.random.default_rng(1).standard_normal((b, s, d)).astype(np.float32)
+    model = ModelSpec(1, d, a, ff, 64, mlp="swiglu")
+    dims = ParallelDims(tp=t, sequence_parallel=True)
+    for name, gathers, full in (("megatron-core", 2, False), ("pytorch-eager", 0, True)):
+        def prog(comm):
+            tb = TensorParallelBlock(comm, d, a, ff, sequence_parallel=True, mlp="swiglu")
+            y, c = tb.forward(tb.shard(P), x[:, comm.rank * s // t:(comm.rank + 1) * s // t])
+            held = nn.cache_bytes(c)
+            tb.backward(tb.shard(P), c, y)
+            return held
+
+        w = World(t, stack=name)
+        held = w.run(prog)[0]
+        layer = rank_layers(model.with_seq(s), dims, b, s, plan_context(name, param_bytes=4), ["blocks.0"])[0]
+        again = [x.name for x in layer.ops["W"] if "again" in x.name]
+        assert len(again) == gathers, (name, again)
+        assert held["attention.q, k, v projections' input"] == b * s * d * 4 // (1 if full else t), name
+        assert sum(held.values()) == pytest.approx(layer.kept, rel=1e-12), name
+        backward = [c.op for c in w.calls[0]][4:]  # after the forward's two all-gathers and two reduce-scatters
+        assert backward.count("all_gather") == 2 + gathers, (name, backward)

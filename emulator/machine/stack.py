@@ -25,6 +25,10 @@ behind compute, and what each kernel costs the host.
   reduce-scatters pipelined with the GEMMs beside them, ``tp_overlap_sms`` SMs taken from
   the GEMM for the pipelined ones;
 * ``p2p_overlap``: pipeline sends and receives overlapped with the next chunk's compute;
+* ``keep_gathered_input``: under sequence parallelism, whether a column-parallel layer keeps
+  its all-gathered input for its weight gradient (PyTorch: autograd saves the tensor the
+  matrix multiply read, the input DTensor redistributed to whole), or keeps its slice and
+  all-gathers it again in backward (Megatron);
 * ``op_checkpoint``: whether the stack offers torchtitan's per-op selective activation
   checkpointing (``recompute="op"``, :mod:`emulator.parallel.tensor_parallel.op_checkpoint`);
 * ``launch``: the GPU's gap between two kernels; ``dispatch``: the host's time to issue one
@@ -98,6 +102,7 @@ class Stack:
     sources: dict = field(default_factory=dict, compare=False, repr=False)
     flash_kernel: str = "flash"
     op_checkpoint: bool = False
+    keep_gathered_input: bool = False
 
     def __post_init__(self):
         bad = []
@@ -122,6 +127,13 @@ class Stack:
     def has(self, fusion):
         return fusion in self.fused
 
+    @property
+    def fuses_projections(self):
+        """Whether q, k and v (and a SwiGLU's gate and up) run as one GEMM each, as
+        Megatron's ``linear_qkv`` and ``linear_fc1`` do; else one GEMM per projection, as
+        eager PyTorch runs a model written as torchtitan writes it."""
+        return self.name.startswith("megatron")
+
     def replace(self, **changes):
         return replace(self, **changes)
 
@@ -133,7 +145,8 @@ class Stack:
                  f"  gradient reduction: {self.grad_overlap}, buckets {self.bucket}",
                  f"  overlaps: param gather {self.param_gather_overlap}, FSDP prefetch {self.fsdp_prefetch}, "
                  f"TP comm {self.tp_comm_overlap} ({self.tp_overlap_sms} SMs), p2p {self.p2p_overlap}",
-                 f"  per-op activation checkpointing (recompute='op'): {self.op_checkpoint}",
+                 f"  per-op activation checkpointing (recompute='op'): {self.op_checkpoint}; "
+                 f"gathered input kept for the weight gradient: {self.keep_gathered_input}",
                  f"  per kernel: launch {self.launch * 1e6:.1f} us, host dispatch {self.dispatch * 1e6:.1f} us"]
         for key, src in sorted(self.sources.items()):
             lines.append(f"  [{key}] {src.cite()}")
@@ -157,12 +170,12 @@ PRESETS = {
         "pytorch-eager", "PyTorch eager with torch.distributed (DDP, FSDP2, DTensor TP), as torchtitan writes a model",
         POLICIES["fsdp2-bf16"], "flash", frozenset({"norm", "adam"}), "backward",
         Bucket("bytes", 25 * 2**20, first=2**20), False, True, False, 0, False, 1.1e-6, 7e-6, PYTORCH_EAGER,
-        flash_kernel="flash2", op_checkpoint=True),
+        flash_kernel="flash2", op_checkpoint=True, keep_gathered_input=True),
     "pytorch-compile": Stack(
         "pytorch-compile", "PyTorch with torch.compile (Inductor's fused elementwise kernels)",
         POLICIES["fsdp2-bf16"], "flash", frozenset({"norm", "adam", "elementwise"}), "backward",
         Bucket("bytes", 25 * 2**20, first=2**20), False, True, False, 0, False, 1.1e-6, 6.8e-6, PYTORCH_COMPILE,
-        flash_kernel="flash2", op_checkpoint=True),
+        flash_kernel="flash2", op_checkpoint=True, keep_gathered_input=True),
 }
 
 

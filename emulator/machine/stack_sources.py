@@ -30,6 +30,7 @@ from dataclasses import dataclass
 MLM = ("NVIDIA/Megatron-LM", "d98e8a64ddf34856e74b24714e3bedb2f5a39553")
 TE = ("NVIDIA/TransformerEngine", "d0067d0da6cb01811b8072a7d304f0e00344ce2b")
 TT = ("pytorch/torchtitan", "b5bcd76c66d0acb1a08b176d9639425bc55e0b2a")
+TT_BENCH = ("pytorch/torchtitan", "9dec370ad26b5f8e9a7333a0e36165018262644b")  # its Llama 3.1 benchmarks' commit
 
 
 @dataclass(frozen=True)
@@ -169,8 +170,10 @@ PYTORCH_EAGER = {
                           "# All-gather stream allows overlapping next all-gather with current forward compute"),
     "dispatch": MEGATRON_CORE["dispatch"],
     "launch": MEGATRON_CORE["launch"],
-    "op_checkpoint": _src(("pytorch/torchtitan", "ba2469780da5a689e856e21ab9664ab1bed4fdd5"),
-                          "torchtitan/parallelisms/parallelize_llama.py", "218-267",
+    "keep_gathered_input": _src(TT_BENCH, "torchtitan/parallelisms/parallelize_llama.py", "177-181",
+                                '"attention": prepare_module_input(input_layouts=(Shard(1), None), '
+                                'desired_input_layouts=(Replicate(), None)), "attention.wq": colwise_parallel()'),
+    "op_checkpoint": _src(TT_BENCH, "torchtitan/parallelisms/parallelize_llama.py", "213-276",
                           "# Saves output of all compute ops, except every second mm"),
 }
 

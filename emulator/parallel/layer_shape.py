@@ -83,12 +83,14 @@ class LayerShape:
         return replace(self, **changes)
 
 
-def of_plan(model, dims, b, seq_len):
+def of_plan(model, dims, b, seq_len, keep_gathered=False):
     """The shape of one block on a rank of ``dims`` for ``model`` (a ModelSpec). Full
-    recomputation is the pipeline stage's (it runs a layer's forward again), not the block's."""
+    recomputation is the pipeline stage's (it runs a layer's forward again), not the block's.
+    ``keep_gathered``: the stack keeps the column-parallel layers' gathered input under SP."""
     return LayerShape(b, seq_len // dims.cp, model.d_model, model.n_heads, model.n_kv_heads, model.d_ff,
                       model.vocab, model.head_dim, model.mlp, getattr(model, "bias", True),
                       getattr(model, "norm", "layernorm"), model.positions == "rope", getattr(model, "dropout", 0.0),
                       True, dims.tp, dims.sequence_parallel, dims.cp, dims.cp_attention, dims.cp_layout,
-                      "none" if dims.recompute == "full" else dims.recompute, False, model.n_experts, model.top_k,
+                      "none" if dims.recompute == "full" else dims.recompute,
+                      keep_gathered and dims.sequence_parallel, model.n_experts, model.top_k,
                       dims.ep)

@@ -95,6 +95,7 @@ class ParallelHead:
 
     def __init__(self, regions, d_model, vocab, dtype=np.float32):
         self.r, self.d, self.vocab, self.dtype = regions, d_model, vocab, dtype
+        self.keep_gathered = regions.sp and regions.comm.stack.keep_gathered_input  # as the blocks keep theirs
 
     def placements(self):
         sp = ("tp",) if self.r.sp else ()
@@ -103,7 +104,7 @@ class ParallelHead:
     def work(self, x_shape):
         b, s_loc = x_shape[0], x_shape[1]
         s = _shape(self.r, b, s_loc * self.r.comm.size if self.r.sp else s_loc, self.d, vocab=self.vocab)
-        return head_work(s, self.r.comm.work_context(self.dtype))
+        return head_work(s.replace(keep_gathered=self.keep_gathered), self.r.comm.work_context(self.dtype))
 
     def forward(self, P, x):
         with self.r.comm.declared(lambda: self.work(np.shape(x)).forward, "head forward"):
@@ -111,7 +112,7 @@ class ParallelHead:
             h = layer_norm(x, P["ln.g"], P["ln.b"])
             hg = self.r.gather(h)  # the whole sequence under SP; f (identity) without
             self.r.comm.charge("head: output layer")
-            return hg @ P["proj.w"], {"x": x, "h": h}
+            return hg @ P["proj.w"], {"x": x, "h": hg if self.keep_gathered else h}
 
     def backward_input(self, P, cache, dlogits):
         with self.r.comm.declared(lambda: self.work(np.shape(cache["x"])).backward_input, "head backward (B)"):
@@ -126,7 +127,7 @@ class ParallelHead:
         if "dlogits" not in cache:
             self.backward_input(P, cache, dlogits)
         with self.r.comm.declared(lambda: self.work(np.shape(cache["x"])).backward_weight, "head backward (W)"):
-            hg = self.r.gather(cache["h"])  # gathered again for the weight gradient, as the blocks do
+            hg = cache["h"] if self.keep_gathered else self.r.gather(cache["h"])  # gathered again, as the blocks do
             rows = hg.shape[0] * hg.shape[1]
             self.r.comm.charge("head: output layer wgrad")
             return {"proj.w": hg.reshape(rows, -1).T @ cache.pop("dlogits").reshape(rows, -1),

@@ -164,7 +164,8 @@ def _work(model, cluster, dims, args):
         raise ConfigError("the plan cannot run: " + "; ".join(est.problems))
     ctx = plan_context(args.stack)
     timer = Timer(cluster, dims, ctx.stack)
-    work = declared_block(of_plan(model.with_seq(args.seq), dims, est.micro_batch, args.seq), ctx,
+    work = declared_block(of_plan(model.with_seq(args.seq), dims, est.micro_batch, args.seq,
+                                  ctx.stack.keep_gathered_input), ctx,
                           dims.cp - 1 if dims.cp > 1 else 0)
     print(f"{model.name or 'model'}, one block on a rank of {dims}, {est.micro_batch} sequence(s) per micro-batch, "
           f"as {ctx.stack.name} runs it ({ctx.precision.name}):")

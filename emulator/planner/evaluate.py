@@ -11,11 +11,13 @@ from functools import lru_cache
 from ..accounting.pipeline import pipeline_bubble
 from ..errors import ConfigError
 from ..machine import elementwise
+from ..machine.stack import stack_preset
 from ..machine.work import dtype_bytes
 from ..parallel.dims import ParallelDims
 from ..parallel.pipeline import schedule
 from ..parallel.pipeline import simulator
 from ..parallel.pipeline.actions import stage_of
+from ..parallel.tensor_parallel.op_checkpoint import problems as op_checkpoint_problems
 from .breakdown import breakdown, lines as breakdown_lines
 from .cluster import Cluster
 from .comm import comm_table, expose_as_breakdown
@@ -113,12 +115,15 @@ def _check_inputs(model, cluster, dims, seq_len, global_batch_tokens):
             raise ConfigError(f"evaluate: {name} must be a positive int, got {v!r}")
 
 
-def structural_problems(model, cluster, dims, seq_len, global_batch_tokens):
+def structural_problems(model, cluster, dims, seq_len, global_batch_tokens, stack=None):
     """What makes the plan impossible before any arithmetic, every problem at once: a GPU
     count that is not the cluster's, a batch that is not whole sequences or is too small for
-    the replicas, and every size that does not divide (:meth:`ParallelDims.problems`: the
-    heads, the K/V heads, d_ff, the vocabulary, the layers, the sequence, the batch)."""
+    the replicas, every size that does not divide (:meth:`ParallelDims.problems`: the
+    heads, the K/V heads, d_ff, the vocabulary, the layers, the sequence, the batch), and a
+    per-op checkpoint the ``stack`` (None: ``"megatron-core"``) cannot run."""
     out = []
+    if dims.recompute == "op":
+        out += op_checkpoint_problems(stack_preset(stack), dims.cp, model.n_experts)
     if dims.world_size != cluster.gpus:
         out.append(f"dp x tp x pp x cp = {dims.world_size:,} GPUs, but the cluster has {cluster.gpus:,}")
     batch = None
@@ -162,7 +167,7 @@ def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=Non
     mixed=False``: fp32 throughout."""
     _check_inputs(model, cluster, dims, seq_len, global_batch_tokens)
     ctx = plan_context(stack, precision, param_bytes, mixed)
-    problems = structural_problems(model, cluster, dims, seq_len, global_batch_tokens)
+    problems = structural_problems(model, cluster, dims, seq_len, global_batch_tokens, ctx.stack)
     est = Estimate(model, cluster, dims, seq_len, global_batch_tokens, problems, context=ctx)
     if problems:  # not evaluated: every structural problem, and where its axes would sit
         est.problems = problems + placement_problems(cluster, dims)

@@ -168,7 +168,7 @@ def exhaustive_search(model, cluster, seq_len, global_batch_tokens, top=10, para
         if full_evaluations is not None and evaluated >= full_evaluations:
             break
         dims = ParallelDims(**kw)
-        problems = structural_problems(model, cluster, dims, seq_len, global_batch_tokens)
+        problems = structural_problems(model, cluster, dims, seq_len, global_batch_tokens, ctx.stack)
         if problems:
             rej.append(Rejected.of(dims, f"{dims}: " + "; ".join(problems)))
             continue

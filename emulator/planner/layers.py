@@ -72,7 +72,7 @@ def _head(m, s, ctx, a, comp):
     d, v = m.d_model, m.vocab // s.tp
     loss = loss_work(s, ctx)
     work = head_work(s, ctx)
-    kept = s.rows_sp * d * (a + comp)  # its input, and the norm's output
+    kept = s.rows_sp * d * a + (s.rows if s.keep_gathered else s.rows_sp) * d * comp  # its input, the norm's output
     ops = _ops(work, loss.forward, loss.backward_input)
     ops["F0"] = work.recompute  # the stage runs the head again, not the loss
     return Layer("head", {"dense": 2 * d + d * v}, 2 * d if s.sequence_parallel else 0, kept, s.rows_sp * d * a,
@@ -98,7 +98,8 @@ def _block(m, s, dims, ctx, a, comp):
     d, rows, h, kv, dh = m.d_model, s.rows, s.h, s.kv, s.head_dim
     qkv = (h + 2 * kv) * dh
     attn_params = d * qkv + qkv + h * dh * d + d
-    attn_kept = a * (s.rows_sp * d + rows * h * dh) + _core_kept(m, s, dims, ctx, a, comp)
+    inputs = s.rows if s.keep_gathered else s.rows_sp  # what the column-parallel layers keep of their input
+    attn_kept = a * (inputs * d + rows * h * dh) + _core_kept(m, s, dims, ctx, a, comp)
     held = s.rows_sp * d  # one (b, n_sp, d) tensor between the layers
     f, w = s.ff, s.widen
     if m.n_experts:
@@ -114,7 +115,7 @@ def _block(m, s, dims, ctx, a, comp):
     else:
         mlp_params = {"dense": (w + 1) * d * f + (f + d if m.mlp == "gelu" else 0)}
         mlp_partial = d if (s.sequence_parallel and m.mlp == "gelu") else 0
-        mlp_kept = a * (held + (w + 1) * rows * f)  # its input; GELU input or gate and up; fc2's input
+        mlp_kept = a * (inputs * d + (w + 1) * rows * f)  # its input; GELU input or gate and up; fc2's input
     params = dict(mlp_params)
     params["dense"] = params.get("dense", 0) + 4 * d + attn_params
     partial = (4 * d + d + mlp_partial) if s.sequence_parallel else 0  # norms, o's bias (and fc2's): a slice
@@ -147,7 +148,7 @@ def rank_layers(model, dims, b, seq_len, ctx, names):
 def _kinds(model, tp, cp, ep, sp, recompute, cp_attention, cp_layout, b, seq_len, ctx):
     dims = ParallelDims(tp=tp, cp=cp, dp=ep, ep=ep, sequence_parallel=sp, recompute=recompute,
                         cp_attention=cp_attention, cp_layout=cp_layout)
-    s = of_plan(model, dims, b, seq_len)
+    s = of_plan(model, dims, b, seq_len, ctx.stack.keep_gathered_input)
     a, comp = dtype_bytes(ctx.dtype("activations")), _computed_bytes(ctx)
     return {"embed": _embedding(model, s, ctx, a, comp), "block": _block(model, s, dims, ctx, a, comp),
             "head": _head(model, s, ctx, a, comp)}

@@ -144,7 +144,7 @@ def search(model, cluster, seq_len, global_batch_tokens, top=10, param_bytes=Non
     for i, base in enumerate(bases):
         found, timer, tails = [], None, {}
         for kw in _variants(model, base, B, seq_len):
-            if structural_problems(model, cluster, ParallelDims(**kw), seq_len, global_batch_tokens):
+            if structural_problems(model, cluster, ParallelDims(**kw), seq_len, global_batch_tokens, ctx.stack):
                 continue
             timer = timer or Timer(cluster, ParallelDims(**kw), ctx.stack)
             hit = screen(model, timer, kw, seq_len, global_batch_tokens, hbm, ctx, tails)

@@ -138,7 +138,7 @@ def attention_work(s, ctx, core):
     tensor-parallel regions around them."""
     st, c = ctx.stack, ctx.dtype("compute")
     hd, kvd = s.h * s.head_dim, s.kv * s.head_dim
-    proj = [("", s.qkv)] if st.name.startswith("megatron") else [(": q", hd), (": k", kvd), (": v", kvd)]
+    proj = [("", s.qkv)] if st.fuses_projections else [(": q", hd), (": k", kvd), (": v", kvd)]
     F = region_gather(s, ctx, "attention") + tuple(Gemm(f"attention: qkv{n}", s.rows, cols, s.d, c) for n, cols in proj)
     rope = ()
     if s.rope:

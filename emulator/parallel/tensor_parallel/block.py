@@ -20,7 +20,9 @@ block (same parameter names), on the ranks of a tp group (``comm``; size 1 is on
   the block all-reduces them (``reduce_partial_grads=True``), or leaves it to whoever
   reduces gradients by placement (the mesh runtime). In backward the projections' input
   is all-gathered again for the weight gradients, as Megatron does;
-  ``keep_gathered_input=True`` keeps the gathered copy instead (memory for bytes);
+  ``keep_gathered_input=True`` keeps the gathered copy instead (memory for bytes), as a
+  stack with ``keep_gathered_input`` does always (PyTorch's autograd saves what the
+  matrix multiply read);
 * activations are kept in ``act_dtype`` (bf16 for the accounting), dropout masks as one
   byte per element, under the names of :func:`emulator.accounting.activation_terms`:
   :func:`cached_terms` of a forward's cache equals the formula term by term.
@@ -78,6 +80,7 @@ class TensorParallelBlock:
         self.comm, self.d_model, self.n_heads, self.d_ff = comm, d_model, n_heads, d_ff
         self.sp, self.p, self.seed, self.act, self.recompute = sequence_parallel, dropout, seed, act_dtype, recompute
         self.reduce_partial_grads = reduce_partial_grads
+        keep_gathered_input = keep_gathered_input or comm.stack.keep_gathered_input  # PyTorch's autograd keeps it
         payload = np_dtype(comm.work_context(act_dtype).dtype("tp"))
         self.regions = TPRegions(comm, sequence_parallel, payload)
         te = comm.stack.tp_comm_overlap and sequence_parallel and t > 1  # TE pipelines them with the GEMMs
@@ -117,6 +120,7 @@ class TensorParallelBlock:
         if not 0 <= rank < size:
             raise ConfigError(f"rank {rank} is not one of the {size} tensor-parallel ranks")
         comm = Comm(World(size), rank, tuple(range(size)), "tp")
+        options = {k: v for k, v in options.items() if k != "recompute"}  # what a block recomputes cuts no shard
         return cls(comm, d_model, n_heads, d_ff, **options).shard(full)
 
     # ----------------------------------------------------------------- helpers

@@ -128,7 +128,7 @@ def mlp_work(s, ctx):
     GEMM under Megatron (``linear_fc1``), two in eager torch (their input gradients summed)."""
     st = ctx.stack
     c, w = ctx.dtype("compute"), s.widen
-    wide = [("", w * s.ff)] if (s.mlp == "gelu" or st.name.startswith("megatron")) else \
+    wide = [("", w * s.ff)] if (s.mlp == "gelu" or st.fuses_projections) else \
         [(": gate", s.ff), (": up", s.ff)]
     F = region_gather(s, ctx, "mlp") + tuple(Gemm(f"mlp: fc1{n}", s.rows, cols, s.d, c) for n, cols in wide)
     F += elementwise.activation(st, "mlp: activation", s.rows, s.ff, c, s.mlp, s.bias)

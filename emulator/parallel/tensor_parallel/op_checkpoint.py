@@ -2,10 +2,11 @@
 
 torchtitan wraps each transformer block in ``torch.utils.checkpoint`` with a policy that
 decides op by op what the forward keeps. Its rule (torchtitan ``parallelize_llama.py``,
-``_save_list`` and ``_custom_policy``, lines 218-267 at ba24697 of 2024-12-19, the code of
-its Llama 3.1 benchmarks, whose ``train_configs/llama3_8b.toml`` sets
-``selective_ac_option = 'op'``; the same rule at b5bcd76, ``distributed/activation_checkpoint.py``,
-``_get_default_save_ops`` and ``_get_custom_policy``, lines 31-94 and 243-273):
+``_save_list`` and ``_custom_policy``, lines 213-276 at 9dec370 of 2024-12-26, the commit
+its Llama 3.1 benchmarks name, whose ``train_configs/llama3_8b.toml`` sets
+``selective_ac_option = 'op'``; for a dense block without biases the same decisions at
+b5bcd76, ``distributed/activation_checkpoint.py``, ``_get_default_save_ops`` and
+``_get_custom_policy``, lines 31-94 and 243-287):
 
 * the outputs of the matrix multiplies are kept, except every second one of the block
   (the count restarts with each block): in a Llama block ``wq, wk, wv, wo, w1, w3, w2``
@@ -14,7 +15,9 @@ its Llama 3.1 benchmarks, whose ``train_configs/llama3_8b.toml`` sets
 * the attention kernel's outputs (the output and its log-sum-exp) are kept;
 * a ``reduce_scatter``'s output is kept (the all-gathers and all-reduces run again);
 * everything else (norms, RoPE, SiLU, the product, residual adds, dropout) is computed
-  again in backward, from the block's input, which the checkpoint keeps.
+  again in backward, from the block's input, which the checkpoint keeps. (At 9dec370 the
+  RNG state is not preserved, so a model with dropout would draw other masks there; Llama
+  has none. The emulator's masks follow positions, and are drawn the same again.)
 
 Here the rule reads a block's declared forward (:mod:`emulator.machine.work`):
 :func:`split_forward` parts it into what is kept and what backward runs again first; the
@@ -23,8 +26,10 @@ counts the same bytes (:func:`saved_bytes`). It needs each projection as its own
 eager PyTorch runs a model written the way torchtitan writes it (a stack with
 ``op_checkpoint``), a fused attention kernel, a dense MLP and no context parallelism.
 torchtitan's models have no biases, so each of their projections is one ``mm``; the rule
-counts every declared GEMM that way, also in a block with biases (where torch would run a
-biased projection as ``addmm``, which its list saves always and the count skips).
+counts every declared GEMM that way, also in a block with biases, where torch would run a
+biased projection as ``addmm``, which the count skips and which is recomputed at 9dec370
+(not in ``_save_list``) and kept at b5bcd76 (one of torch's compute-intensive ops): a
+simplification for biased blocks that matches neither.
 """
 
 from ...errors import ConfigError
@@ -34,32 +39,39 @@ from ..dims import RECOMPUTE
 SAVED_COLLECTIVES = ("reduce_scatter",)
 
 
-def check(stack, cp=1, experts=0):
-    """A :class:`~emulator.errors.ConfigError` unless torchtitan's policy applies to a block
-    over ``cp`` context-parallel ranks (with ``experts`` experts, 0: a dense MLP) as
-    ``stack`` runs it."""
+def problems(stack, cp=1, experts=0):
+    """Why torchtitan's policy cannot apply to a block over ``cp`` context-parallel ranks
+    (with ``experts`` experts, 0: a dense MLP) as ``stack`` runs it, each a sentence that
+    begins "recompute='op' ..." (an empty list: it can)."""
     bad = []
     if not getattr(stack, "op_checkpoint", False):
         bad.append(f"the {stack.name} stack has no per-op checkpointing (it is torchtitan's: use "
                    f"pytorch-eager or pytorch-compile, or recompute='selective' or 'full')")
+    elif stack.fuses_projections:
+        bad.append(f"the {stack.name} stack fuses q, k, v (and gate, up) into one GEMM each; the policy counts "
+                   f"the projections one by one, as eager PyTorch runs them")
     if stack.attention != "flash":
         bad.append("it keeps a fused attention kernel's outputs: the stack's attention must be 'flash'")
     if cp > 1:
         bad.append(f"context parallelism (cp={cp}) is not supported with it: use cp=1 or recompute='full'")
     if experts:
         bad.append("experts are not supported with it: use a dense MLP or recompute='full'")
+    return [f"recompute='op' (torchtitan's per-op checkpointing): {b}" for b in bad]
+
+
+def check(stack, cp=1, experts=0):
+    """A :class:`~emulator.errors.ConfigError` naming every one of :func:`problems`, if any."""
+    bad = problems(stack, cp, experts)
     if bad:
-        raise ConfigError("recompute='op' (torchtitan's per-op checkpointing): " + "; ".join(bad))
+        raise ConfigError("; ".join(bad))
 
 
 def recompute_modes(stack, cp=1, experts=0):
-    """The recomputation modes a plan can use under ``stack`` (what a search tries, least
-    memory-hungry last): ``"op"`` only where :func:`check` allows it."""
-    try:
-        check(stack, cp, experts)
-    except ConfigError:
-        return tuple(r for r in RECOMPUTE if r != "op")
-    return RECOMPUTE
+    """The recomputation modes a plan can use under ``stack``, in the order a search tries
+    them (``"op"``, where :func:`problems` allows it, before ``"full"``; with tensor and
+    sequence parallelism it can keep more than ``"none"``: w2's output before its
+    reduce-scatter, whole, beside the reduce-scatters' outputs)."""
+    return RECOMPUTE if not problems(stack, cp, experts) else tuple(r for r in RECOMPUTE if r != "op")
 
 
 def split_forward(forward):
