@@ -139,7 +139,7 @@ for r in (0, 32):
 # reduce-scatter and all-gather of ZeRO-1 cross nodes once per step. Stage 0 holds more
 # activations than stage 1 at their highest: under 1F1B it has both micro-batches in flight
 # at once, stage 1 one (a little more per micro-batch: it also keeps the output layer's
-# input). The legends give each kind at the rank's peak of everything together, which for
+# input, and the loss keeps its gradient of the logits until backward). The legends give each kind at the rank's peak of everything together, which for
 # stage 0 comes later, once its gradients are allocated and its first micro-batch's
 # activations freed: there it holds one micro-batch's, fewer than stage 1.
 #
@@ -418,8 +418,9 @@ print("activations at each stage's peak:", ", ".join(f"stage {s}: {a / 1e6:.1f} 
 print("in micro-batches of stage 1's size:", ", ".join(f"{a / (acts[1] / 3):.2f}" for a in acts))
 
 # %% [markdown]
-# Stage 0 holds 4 micro-batches' activations, stage 3 one (a little more: it also keeps
-# the output layer's input and its normalised copy). Raising PP while lowering DP keeps the
+# Stage 0 holds 4 micro-batches' activations, stage 3 one and the loss's gradient of the
+# logits (b x s x V fp32 values, kept from the loss's forward to its backward: here about
+# as large again, the vocabulary being large next to this small model). Raising PP while lowering DP keeps the
 # *state* flat but grows the first stage's activations with $p$: that, not the 16 bytes
 # per parameter, is what stops a deep pipeline.
 #
@@ -667,9 +668,11 @@ print(f"full recomputation against none: {rates['full'] / rates['none'] - 1:+.0%
 
 # %% [markdown]
 # Without recomputation only 8 micro-batches fit, and the bubble of 8 stages eats about
-# half the step; recomputing every layer's forward costs a third more compute, but the 128
-# micro-batches it makes room for shrink the bubble to a seventh, and more tokens go
-# through per second. Selective recomputation changes nothing here: it recomputes the
+# half the step; recomputing every layer's forward costs a third more compute, but the 32
+# micro-batches it makes room for shrink the bubble to a quarter, and more tokens go
+# through per second. (More do not fit: the last stage holds every micro-batch's logits'
+# gradient until the backward begins, 1 GB apiece here, 8,192 tokens x 32,064 vocabulary
+# entries per tensor-parallel rank in fp32.) Selective recomputation changes nothing here: it recomputes the
 # attention scores, which FlashAttention never keeps anyway. (1F1B holds at most $p$
 # micro-batches whatever $m$, which is why it replaced GPipe.)
 #

@@ -134,7 +134,7 @@ def test_the_checks_fail_on_a_search_that_leaves_interleaving_out(monkeypatch):
     assert misses_the_best(first, best)
 
 
-@pytest.mark.parametrize("name", ["pipeline", "gqa-swiglu"])
+@pytest.mark.parametrize("name", ["pipeline", "per-op-checkpoint"])  # cases whose best has b > 1
 def test_the_checks_fail_on_a_search_that_leaves_the_best_micro_batch_out(monkeypatch, name):
     ests, best, _ = brute_force(name)
     assert best.micro_batch > 1

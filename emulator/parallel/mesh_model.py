@@ -188,7 +188,10 @@ class RankModel:
 
     def loss(self, logits_shard, y):
         with self.tp.declared(lambda: self.loss_work(np.shape(logits_shard)).forward, "loss"):
-            loss, grad = vocab_parallel_cross_entropy(self.tp, logits_shard, y, self.vocab, self._loss_dtype())
+            dt = self._loss_dtype()  # in the loss dtype (fp32 under bf16): Megatron without --fp16-lm-cross-entropy,
+            # torchtitan's cross_entropy(pred.float(), ...)
+            logits = logits_shard if dt is None else logits_shard.astype(dt, copy=False)
+            loss, grad = vocab_parallel_cross_entropy(self.tp, logits, y, self.vocab, dt)
             self.tp.charge("loss")
             return loss, (grad, np.shape(logits_shard))
 

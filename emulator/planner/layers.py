@@ -15,7 +15,9 @@ describes every layer one rank of a pipeline stage runs:
   ``partial``: elements whose gradients are partial sums over ``tp`` (sequence parallelism);
 * ``kept``: bytes its forward keeps for backward per micro-batch (``input``: its input
   only, what full recomputation keeps), ``grad_out``: the output gradient a split
-  backward keeps from ``B`` to ``W``; ``transient``: buffers held only while its forward,
+  backward keeps from ``B`` to ``W``; ``loss``: what the loss after the output layer keeps
+  from its forward to its backward (the vocabulary-parallel cross-entropy's gradient of
+  the logits, computed in the forward as Megatron's is); ``transient``: buffers held only while its forward,
   its backward, runs (ring attention's K/V).
 
 The emulator computes in fp32 (or the arrays' dtype) what a bf16 model computes and keeps
@@ -49,6 +51,7 @@ class Layer:
     grad_out: float
     ops: dict = field(default_factory=dict)  # "F", "B", "W", "F0" -> items of the modules' declarations
     transient: tuple = (0, 0)  # buffers held only while its forward, its backward, runs (ring attention's K/V)
+    loss: float = 0.0  # what the loss after it keeps from the forward to the backward (the logits' gradient)
     # seconds of its passes, by the groups that time them (a cache: two layers alike compare equal)
     times: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -76,7 +79,7 @@ def _head(m, s, ctx, a, comp):
     ops = _ops(work, loss.forward, loss.backward_input)
     ops["F0"] = work.recompute  # the stage runs the head again, not the loss
     return Layer("head", {"dense": 2 * d + d * v}, 2 * d if s.sequence_parallel else 0, kept, s.rows_sp * d * a,
-                 s.rows * v * comp, ops)
+                 s.rows * v * comp, ops, loss=s.rows * v * dtype_bytes(ctx.dtype("loss")))
 
 
 def _core_kept(m, s, dims, ctx, a, comp):
@@ -177,13 +180,14 @@ def ops_flops(ops):
 def inventory(model, dims, batch, seq_len, rank, param_bytes=None, precision=None, stack=None):
     """Pipeline rank ``rank``'s layers (every chunk) as plain numbers, for a global batch of
     ``batch`` sequences: ``[{"name", "params": {"dense"/"experts": elements}, "kept": bytes
-    one micro-batch's forward keeps}]``."""
+    one micro-batch's forward keeps}]`` (the output layer's with the loss's, which its
+    backward frees)."""
     ctx = plan_context(stack, precision, param_bytes)
     model = model.with_seq(seq_len)
     b = batch // (dims.dp * dims.micro_batches)
     names = split_names(model.n_layers, dims.pp * dims.v)
     mine = [n for c in range(dims.v) for n in names[stage_of(dims.pp, rank, c)]]
-    return [{"name": n, "params": dict(x.params), "kept": x.input if dims.recompute == "full" else x.kept}
+    return [{"name": n, "params": dict(x.params), "kept": (x.input if dims.recompute == "full" else x.kept) + x.loss}
             for n, x in zip(mine, rank_layers(model, dims, b, seq_len, ctx, mine))]
 
 

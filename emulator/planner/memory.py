@@ -106,13 +106,17 @@ def _ddp_buckets(units, dims, ctx, pp_rank):
         units[c].per_layer[i] = (g, gathered, fullgrad)
 
 
-def _profile(kept, units, kind, first, grad_out, held, release, transient):
+def _profile(kept, units, kind, first, grad_out, held, release, transient, loss=0.0):
     """(peak over the action of (activations, grads, buffers) changes, net change) for one
     pass over a chunk's layers: ``kind`` F, B (unsplit or ``"B-split"``) or W. ``held``:
     ZeRO-3's gathered layers are still held from an earlier split ``B`` (shared, not
-    gathered again); ``release``: this ``W`` is the last user of them."""
+    gathered again); ``release``: this ``W`` is the last user of them; ``loss``: what the
+    loss keeps (the last chunk of the last stage), from after its forward until its
+    backward begins."""
     a = g = buf = 0
     best = (0, 0, 0)
+    if kind in ("B", "B-split"):
+        a -= loss
 
     def check():
         nonlocal best
@@ -128,6 +132,8 @@ def _profile(kept, units, kind, first, grad_out, held, release, transient):
             buf -= gathered[i] + transient[i][0]
             a += kept[i]
             check()
+        a += loss
+        check()
         return best, (a, g, buf)
     if kind == "B-split":
         for i in rev:
@@ -197,6 +203,7 @@ def stage_peaks(stage_layers, dims, ctx):
         static = {"params": sum(u.params for u in units), "optimizer": sum(u.optimizer for u in units)}
         kept = [[(x.input if full else x.kept) for x in ls] for ls in layers]
         grad_out = [sum(x.grad_out for x in ls) for ls in layers]
+        loss = [sum(x.loss for x in ls) for ls in layers]
         transient = [[x.transient for x in ls] for ls in layers]
         profiles, keys = {}, []
         held = zero3_held(actions[r], split) if dims.zero_stage == 3 else [(False, True)] * len(actions[r])
@@ -209,7 +216,7 @@ def stage_peaks(stage_layers, dims, ctx):
             key = (k, c, first, h, release)
             if key not in profiles:
                 profiles[key] = (len(profiles), _profile(kept[c], units[c], k, first, grad_out[c], h, release,
-                                                         transient[c]))
+                                                         transient[c], loss[c]))
             keys.append(profiles[key][0])
         table = sorted(profiles.values())
         peaks = np.array([pk for _, (pk, _) in table])[keys]  # (actions, 3): the peak inside each action

@@ -171,13 +171,14 @@ class PipelineStage(ActivationLedger):
             saved[name] = (h, kept)
             h = out
         self.saved[(mb, c)] = saved
-        self.micro_batch_bytes.setdefault(c, self.memory.current["activations"] - held_before)
         self.done.append(action)
         if not self.is_last(c):
+            self.micro_batch_bytes.setdefault(c, self.memory.current["activations"] - held_before)
             return h
         loss, lcache = self._loss(h, y)
         self.losses[mb] = loss
-        saved["loss"] = lcache
+        saved["loss"] = self.memory.hold(f"loss {mb}", lcache, "activations")  # the logits' gradient, until B
+        self.micro_batch_bytes.setdefault(c, self.memory.current["activations"] - held_before)
         return loss
 
     def _loss(self, out, y):
@@ -199,6 +200,7 @@ class PipelineStage(ActivationLedger):
         saved = self._saved(mb, c)
         if "loss" in saved:
             dy = self._loss_backward(saved.pop("loss"), scale)
+            self.memory.release(f"loss {mb}")
         chunk, outs = self.chunks[c], {}
         for i in reversed(range(len(chunk))):
             name, layer = chunk[i]
