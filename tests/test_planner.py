@@ -14,7 +14,7 @@ from emulator.cost import collective_time
 from emulator.machine.topology import Topology
 from emulator.parallel import ParallelDims as D
 from emulator.parallel.context_parallel.ring import blocks, step_blocks
-from emulator.planner import ModelSpec, cluster_preset, evaluate, model_preset, run_plan
+from emulator.planner import ModelSpec, cluster_preset, evaluate, inventory, model_preset, run_plan
 from emulator.planner.layers import _busiest_cp_rank
 from emulator.machine.stack import stack_preset
 from emulator.planner.collective_times import ring_collective_time
@@ -220,3 +220,22 @@ def test_the_comm_tables_exposed_seconds_are_the_breakdowns(dims, seq):
         if axis == "tp":
             assert sum(x["exposed"] for x in rows) < sum(x["seconds"] for x in rows)
     assert checked == 1 + (dims.cp > 1)
+
+
+def test_the_last_stage_holds_the_loss_gradient_of_the_logits_until_backward():
+    """The vocabulary-parallel loss computes its gradient of the logits in the forward and
+    keeps it (fp32) until the backward: the ledger holds it, the planner counts it, and each
+    of GPipe's micro-batches in flight adds one."""
+    model, b, seq, v = SMALL, 2, 64, SMALL.vocab
+    for m in (1, 4):
+        dims = D(pp=2, micro_batches=m, schedule="gpipe")
+        pr = run_plan(model, cluster_for(dims), dims, seq, b * m * seq, shape_only=True, param_bytes=2)
+        layers = inventory(model, dims, b * m, seq, 1)
+        loss = b * seq * v * 4
+        assert [x["name"] for x in layers][-1] == "head"
+        led = pr.run.world.memory[pr.representative(1)]
+        kept = sum(x["kept"] for x in layers)  # the head's with the loss's
+        assert led.peak_by_kind["activations"] == pytest.approx(m * kept, rel=1e-12)
+        assert pr.estimate.stage_memory[1][1]["activations"] == pytest.approx(m * kept, rel=1e-12)
+        without = kept - loss
+        assert m * without < led.peak_by_kind["activations"]  # the loss's share is there, m times
