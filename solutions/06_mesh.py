@@ -702,7 +702,9 @@ for recompute in ("none", "op", "full"):
 # 500 W; the planner's H100 is the 700 W SXM part with 3.35 TB/s of HBM3, and it models no
 # clock lowered by a power limit, so its figure is a ceiling for that machine, not a
 # prediction of it. Its 82.4 GiB is the most memory PyTorch's allocator held in reserve,
-# which is more than the tensors alive at any moment (the planner's figure).
+# which is more than the tensors alive at any moment. The planner counts what is held
+# between passes, not every pass's temporaries: the backward of eager PyTorch's
+# cross-entropy, for one, briefly holds two more fp32 copies of the logits, 8 GB each here.
 #
 # ## 8. Napkins
 #
