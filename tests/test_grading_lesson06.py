@@ -136,8 +136,10 @@ def test_choose_plan_check(capsys):
     with pytest.raises(CheckFailed, match="needs .* GB on its fullest GPU"):  # plain DDP does not fit
         g.check_choose_plan(lambda model, cluster, seq, tokens: ParallelDims(dp=cluster.gpus))
     with pytest.raises(CheckFailed, match="below"):  # fits, but a pipeline of 8 one-layer stages idles
-        g.check_choose_plan(lambda model, cluster, seq, tokens: ParallelDims(pp=8, micro_batches=8,
-                                                                            schedule="gpipe", recompute="full"))
+        g.check_choose_plan(lambda model, cluster, seq, tokens: ParallelDims(pp=8, micro_batches=8, recompute="full"))
+    with pytest.raises(CheckFailed, match="needs .* GB on its fullest GPU"):  # GPipe's last stage holds every
+        g.check_choose_plan(lambda model, cluster, seq, tokens: ParallelDims(  # micro-batch's logits' gradient
+            pp=8, micro_batches=8, schedule="gpipe", recompute="full"))
     with pytest.raises(CheckFailed, match="cannot run here"):
         g.check_choose_plan(lambda model, cluster, seq, tokens: ParallelDims(dp=4, zero_stage=1))
     with pytest.raises(CheckFailed, match="library's own solution"):
