@@ -35,6 +35,7 @@ block (same parameter names), on the ranks of a tp group (``comm``; size 1 is on
 import numpy as np
 
 from ...accounting.activations import TERMS
+from ...engine.charging import WorkMismatch
 from ...engine.comm import Comm
 from ...engine.world import World
 from ...errors import ConfigError
@@ -46,10 +47,9 @@ from ..attention_cores import DenseCore, UlyssesCore
 from ..layer_shape import LayerShape
 from ..placement import Placement, shard
 from .attention import ParallelAttention
-from ...engine.charging import WorkMismatch
 from .block_work import declared_block
-from .op_checkpoint import SavedOps, check as check_op_checkpoint, passthrough, split_forward
 from .mlp import ParallelMLP
+from .op_checkpoint import SavedOps, check as check_op_checkpoint, passthrough, split_forward
 from .overlap import TERegions
 from .regions import TPRegions, all_reduce_together
 from .regions_work import PIPELINE_SPLITS
