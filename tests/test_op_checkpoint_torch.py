@@ -74,8 +74,8 @@ def torchtitan_policy(kept):
 
 def run(checkpointed):
     torch.manual_seed(0)
-    block = LlamaBlock()
-    x = torch.randn(B, S, D, requires_grad=True)
+    block = LlamaBlock().to(torch.float32)  # whatever default dtype another test left behind
+    x = torch.randn(B, S, D, dtype=torch.float32, requires_grad=True)
     kept = []
     if checkpointed:
         y = checkpoint(block, x, use_reentrant=False, context_fn=lambda: torchtitan_policy(kept))
