@@ -188,8 +188,9 @@ class RankModel:
 
     def loss(self, logits_shard, y):
         with self.tp.declared(lambda: self.loss_work(np.shape(logits_shard)).forward, "loss"):
-            dt = self._loss_dtype()  # in the loss dtype (fp32 under bf16): Megatron without --fp16-lm-cross-entropy,
-            # torchtitan's cross_entropy(pred.float(), ...)
+            # in the loss dtype (fp32 under bf16), as Megatron without --fp16-lm-cross-entropy and torchtitan's
+            # cross_entropy(pred.float(), ...) compute it
+            dt = self._loss_dtype()
             logits = logits_shard if dt is None else logits_shard.astype(dt, copy=False)
             loss, grad = vocab_parallel_cross_entropy(self.tp, logits, y, self.vocab, dt)
             self.tp.charge("loss")

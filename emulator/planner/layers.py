@@ -17,8 +17,8 @@ describes every layer one rank of a pipeline stage runs:
   only, what full recomputation keeps), ``grad_out``: the output gradient a split
   backward keeps from ``B`` to ``W``; ``loss``: what the loss after the output layer keeps
   from its forward to its backward (the vocabulary-parallel cross-entropy's gradient of
-  the logits, computed in the forward as Megatron's is); ``transient``: buffers held only while its forward,
-  its backward, runs (ring attention's K/V).
+  the logits, computed in the forward as Megatron's is); ``transient``: buffers held only
+  while its forward, its backward, runs (ring attention's K/V).
 
 The emulator computes in fp32 (or the arrays' dtype) what a bf16 model computes and keeps
 activations in the model's dtype: the kept bytes below follow what its modules cache.
@@ -126,7 +126,7 @@ def _block(m, s, dims, ctx, a, comp):
     work = declared_block(s, ctx, _busiest_cp_rank(dims))
     if dims.recompute == "full":
         kept = a * held
-    if dims.recompute == "op":  # torchtitan's per-op checkpoint: its input and the kept ops' outputs
+    elif dims.recompute == "op":  # torchtitan's per-op checkpoint: its input and the kept ops' outputs
         kept = a * held + saved_bytes(split_forward(work.forward)[0], a)
     ring = [x for x in work.forward if isinstance(x, RingAttention)]
     transient = (2 * ring[0].kv_bytes, 4 * ring[0].kv_bytes) if ring else (0, 0)  # K/V and the arriving block

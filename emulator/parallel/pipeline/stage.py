@@ -36,8 +36,8 @@ from ...errors import ConfigError
 from ...nn.module import sub
 from ...nn.precision import upcast
 from ...machine.work import np_dtype
-from .actions import destination, source, stage_of
 from ..dims import RECOMPUTE
+from .actions import destination, source, stage_of
 from .activations import ActivationLedger
 from .partition import LocalParams, chunk_layers, split_layers  # noqa: F401 -- split_layers also importable from here
 
@@ -172,14 +172,13 @@ class PipelineStage(ActivationLedger):
             h = out
         self.saved[(mb, c)] = saved
         self.done.append(action)
-        if not self.is_last(c):
-            self.micro_batch_bytes.setdefault(c, self.memory.current["activations"] - held_before)
-            return h
-        loss, lcache = self._loss(h, y)
-        self.losses[mb] = loss
-        saved["loss"] = self.memory.hold(f"loss {mb}", lcache, "activations")  # the logits' gradient, until B
+        result = h
+        if self.is_last(c):
+            result, lcache = self._loss(h, y)
+            self.losses[mb] = result
+            saved["loss"] = self.memory.hold(f"loss {mb}", lcache, "activations")  # the logits' gradient, until B
         self.micro_batch_bytes.setdefault(c, self.memory.current["activations"] - held_before)
-        return loss
+        return result
 
     def _loss(self, out, y):
         if hasattr(self.model, "loss"):
