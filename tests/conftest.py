@@ -26,3 +26,16 @@ def within():
             return False
 
     return _Within
+
+
+@pytest.fixture
+def torch_float64():
+    """torch's default dtype float64 for one test, restored after it, so that a module which
+    compares against torch in float64 leaves the next test on the same worker at torch's own
+    default (``pytestmark = pytest.mark.usefixtures("torch_float64")``)."""
+    import torch
+
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(before)

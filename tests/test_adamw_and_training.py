@@ -9,7 +9,7 @@ from emulator import nn
 from emulator.records.memory import nbytes_of
 from emulator.nn import torch_reference as R
 
-torch.set_default_dtype(torch.float64)
+pytestmark = pytest.mark.usefixtures("torch_float64")  # torch in float64, restored after each test
 
 
 def test_adamw_matches_torch_over_10_steps():

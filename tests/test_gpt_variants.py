@@ -10,7 +10,7 @@ from emulator import ConfigError, nn
 from emulator.nn import torch_reference as R
 from test_nn import B, D, S, check, x3
 
-torch.set_default_dtype(torch.float64)
+pytestmark = pytest.mark.usefixtures("torch_float64")  # torch in float64, restored after each test
 
 
 @pytest.mark.parametrize("n_kv_heads", [1, 2, 4])

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from emulator import nn
 from emulator.nn import torch_reference as R
 
-torch.set_default_dtype(torch.float64)
+pytestmark = pytest.mark.usefixtures("torch_float64")  # torch in float64, restored after each test
 RNG = np.random.default_rng(0)
 B, S, D, H, FF, V = 2, 5, 8, 2, 12, 11
 
