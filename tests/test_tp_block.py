@@ -70,6 +70,30 @@ def test_dropout_drops_the_same_elements_as_one_device(t):
         assert np.allclose(y, y1) and np.allclose(dx, dx1)
 
 
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_float32_parameters_with_bf16_activations_reduce_their_partial_grads_in_float32(recompute):
+    """A GPU user's standalone block: float32 weights, activations kept in bf16, sequence
+    parallelism. The norms' and biases' partial gradients are float32 arrays, and their
+    all-reduce is declared and sent as float32; the block still equals one device's."""
+    blk = nn.TransformerBlock(D, A, FF, dtype=np.float32)
+    P = blk.init(np.random.default_rng(0))
+    x = np.random.default_rng(1).standard_normal((B, S, D)).astype(np.float32)
+    y_ref, cache = blk.forward(P, x)
+    dy = np.random.default_rng(2).standard_normal(y_ref.shape).astype(np.float32)
+    dx_ref, g_ref = blk.backward(P, cache, dy)
+    w, out, y, dx = run(2, True, recompute, P, x, dy, act=bfloat16)
+    reduce = [c for c in w.calls[0] if c.op == "all_reduce"]
+    partial = sum(v.size for k, v in out[0][3].shard(g_ref).items() if k.startswith("ln") or k.endswith(("o.b", "fc2.b")))
+    assert len(reduce) == 1 and reduce[0].nbytes == 4 * partial
+    scale = max(np.abs(dx_ref).max(), 1.0)
+    assert np.abs(y - y_ref).max() < 0.05 * max(np.abs(y_ref).max(), 1.0) and np.abs(dx - dx_ref).max() < 0.05 * scale
+    for _, _, g, tb in out:
+        want = tb.shard(g_ref)
+        assert all(g[k].dtype == np.float32 for k in want)
+        assert all(np.abs(g[k] - want[k]).max() < 0.05 * max(np.abs(want[k]).max(), 1.0) for k in want), \
+            [k for k in want if np.abs(g[k] - want[k]).max() >= 0.05 * max(np.abs(want[k]).max(), 1.0)]
+
+
 @pytest.mark.parametrize("t", [1, 2, 4])
 @pytest.mark.parametrize("sp", [False, True])
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])

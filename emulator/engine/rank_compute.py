@@ -3,6 +3,8 @@ declared work of a module charged kernel by kernel (:mod:`emulator.engine.chargi
 GEMM fed by a ring exchange, :mod:`emulator.machine.comm_overlap`), and time on storage.
 """
 
+import numpy as np
+
 from ..errors import ConfigError
 from ..machine.comm_overlap import ring_exchange
 from ..machine.dtypes import dtype_name
@@ -43,9 +45,12 @@ class RankCompute:
         """The run's precision policy (None: every number as the arrays hold it)."""
         return self._world.precision
 
-    def work_context(self, array_dtype):
-        """The :class:`~emulator.machine.stack.Context` of a module whose arrays are ``array_dtype``."""
+    def work_context(self, array_dtype, params_dtype=None):
+        """The :class:`~emulator.machine.stack.Context` of a module whose arrays are ``array_dtype``
+        (``params_dtype``: its parameters', where they differ and the world has no policy)."""
         policy = self._world.precision or native(array_dtype)
+        if self._world.precision is None and params_dtype is not None and np.dtype(params_dtype) != np.dtype(array_dtype):
+            policy = policy.replace(params=dtype_name(params_dtype))
         return Context(self._world.stack, policy, dtype_name(array_dtype))
 
     def declared(self, build, what):

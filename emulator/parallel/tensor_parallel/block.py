@@ -159,18 +159,21 @@ class TensorParallelBlock:
                           stats=mlp._shape_of(x_shape).stats if moe else None,
                           partial_grads=self.sp and self.reduce_partial_grads and self.comm.size > 1)
 
-    def work(self, x_shape):
-        """This block's :class:`~emulator.machine.work.Work` for an input of ``x_shape``."""
+    def work(self, x_shape, params_dtype=None):
+        """This block's :class:`~emulator.machine.work.Work` for an input of ``x_shape``
+        (``params_dtype``: its parameters' dtype, where it is not the activations')."""
         cp = getattr(self.attn.core, "cp", None)
-        return declared_block(self.shape(x_shape), self.comm.work_context(self.act), cp.rank if cp else 0)
+        return declared_block(self.shape(x_shape), self.comm.work_context(self.act, params_dtype),
+                              cp.rank if cp else 0)
 
-    def _declared(self, x_shape, passes, what):
-        return self.comm.declared(lambda: sum((getattr(self.work(x_shape), p) for p in passes), ()), what)
+    def _declared(self, params, x_shape, passes, what):
+        dtype = np.result_type(*(v.dtype for v in params.values())) if params else None  # its grads
+        return self.comm.declared(lambda: sum((getattr(self.work(x_shape, dtype), p) for p in passes), ()), what)
 
     # ----------------------------------------------------------------- forward
     def forward(self, params, x):
         """y and the cache; x is (b, s, d), or (b, s/t, d) with sequence parallelism."""
-        with self._declared(np.shape(x), ("forward",), "block forward"):
+        with self._declared(params, np.shape(x), ("forward",), "block forward"):
             if self.recompute == "full":
                 y, _ = self._forward(params, x)
                 return y, {"layer input": self._keep(x)}
@@ -256,7 +259,7 @@ class TensorParallelBlock:
         return dx, grads
 
     def backward_input(self, params, cache, dy):
-        with self._declared(self._in_shape(cache, dy), ("backward_input",), "block backward (B)"):
+        with self._declared(params, self._in_shape(cache, dy), ("backward_input",), "block backward (B)"):
             return self._backward(params, cache, dy, split=True)[0]
 
     def _in_shape(self, cache, dy):
@@ -265,7 +268,7 @@ class TensorParallelBlock:
     def backward_weight(self, params, cache, dy):
         if "dys" not in cache:
             self.backward_input(params, cache, dy)
-        with self._declared(self._in_shape(cache, dy), ("backward_weight",), "block backward (W)"):
+        with self._declared(params, self._in_shape(cache, dy), ("backward_weight",), "block backward (W)"):
             return self._weight(params, cache)
 
     def _weight(self, params, cache):
@@ -279,7 +282,7 @@ class TensorParallelBlock:
     def backward(self, params, cache, dy):
         """(dx, grads of this rank's parameters), the partial ones all-reduced if the block
         reduces them itself."""
-        with self._declared(np.shape(dy), ("backward_input", "backward_weight"), "block backward"):
+        with self._declared(params, np.shape(dy), ("backward_input", "backward_weight"), "block backward"):
             dx, grads = self._backward(params, cache, dy, split=False)
             cache.pop("dys")
             return dx, self._finish(grads, cache)
