@@ -48,6 +48,8 @@ PYTORCH = [  # a PyTorch stack: torchtitan's per-op checkpointing, the gathered 
     (DENSE, D(pp=2, tp=2, dp=2, micro_batches=4, zero_stage=1, recompute="op")),
     (GQA, D(tp=2, dp=4, sequence_parallel=True)),
     (DENSE, D(pp=2, tp=2, dp=2, micro_batches=4, recompute="full", sequence_parallel=True)),
+    (GQA, D(pp=2, dp=2, micro_batches=4, zero_stage=3, schedule="zb_h1")),  # the last stage keeps its layers gathered
+    (GQA, D(pp=2, dp=2, micro_batches=8, zero_stage=3, schedule="interleaved_1f1b", v=2)),
 ]
 DATA = [  # ring attention runs with data (fp32): the planner in fp32 too
     (SMALL, D(cp=2, tp=2, dp=2, sequence_parallel=True)),
@@ -239,3 +241,25 @@ def test_the_last_stage_holds_the_loss_gradient_of_the_logits_until_backward():
         assert pr.estimate.stage_memory[1][1]["activations"] == pytest.approx(m * kept, rel=1e-12)
         without = kept - loss
         assert m * without < led.peak_by_kind["activations"]  # the loss's share is there, m times
+
+
+@pytest.mark.parametrize("name,v", [("1f1b", 1), ("gpipe", 1), ("zb_h1", 1), ("interleaved_1f1b", 2)])
+def test_zero3_gathers_count_every_pass_that_finds_its_layers_freed(name, v):
+    """ZeRO-3's all-gathers per chunk, extended past the ramp, equal the count over the whole
+    schedule; a split backward's last stage gathers far fewer than two per micro-batch."""
+    from emulator.planner.memory import _actions, zero3_gathers, zero3_held
+
+    for p in (2, 3, 4):
+        for m in range(1, 9 * p + 1):
+            try:
+                acts = _actions(name, p, m, v)
+            except ConfigError:
+                continue
+            for r in range(p):
+                want = [0] * v
+                for (kind, c), (held, _) in zip(acts[r], zero3_held(acts[r], name == "zb_h1")):
+                    want[c] += kind != "W" and not held
+                assert zero3_gathers(name, p, m, v, r) == want, (p, m, r)
+                if name != "zb_h1":
+                    assert want == [2 * m] * v
+    assert zero3_gathers("zb_h1", 4, 64, 1, 3) < [2 * 64]

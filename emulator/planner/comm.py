@@ -13,7 +13,7 @@ from ..parallel.data_parallel.ladder import uses_distributed_optimizer
 from ..parallel.pipeline.actions import destination, source
 from ..parallel.pipeline.simulator import rank_end
 from ..records.table import Table
-from .memory import byte_sizes
+from .memory import byte_sizes, zero3_gathers
 from .overlap import gather_in_forward, replay
 from .timing import action_durations
 
@@ -26,8 +26,9 @@ def link_of(ranks, gpus_per_node):
     return "nic" if len(nodes) == len(ranks) else "nvlink+nic"
 
 
-def _strategy_calls(layer, dims, m, ctx, groups):
-    """(axis, op, bytes, calls per step) of the data-parallel strategy for one layer."""
+def _strategy_calls(layer, dims, m, ctx, groups, gathers):
+    """(axis, op, bytes, calls per step) of the data-parallel strategy for one layer
+    (``gathers``: how many of its passes gather it under ZeRO-3, :func:`~.memory.zero3_gathers`)."""
     sizes = byte_sizes(ctx)
     out = []
     for group, elems in layer.params.items():
@@ -47,7 +48,7 @@ def _strategy_calls(layer, dims, m, ctx, groups):
         if z == 2:
             out += [(axis, "reduce_scatter", rs, m), (axis, "all_gather", ag, 1)]
         if z == 3:
-            out += [(axis, "all_gather", ag, 2 * m), (axis, "reduce_scatter", rs, m)]
+            out += [(axis, "all_gather", ag, gathers), (axis, "reduce_scatter", rs, m)]
     if layer.partial and dims.tp > 1:
         out.append(("tp", "all_reduce", layer.partial * sizes["grads"], m))
     return out
@@ -133,6 +134,7 @@ def comm_table(est, layers, per_layer, timer, timing, boundary, ctx, m_played):
     groups, g = timer.groups(r), timer.g
     overlapped = dims.zero_stage == 0 or uses_distributed_optimizer(ctx.stack, dims.zero_stage)
     rows = {}
+    gathers = zero3_gathers(dims.schedule, p, m, dims.v, r) if dims.zero_stage == 3 else [0] * dims.v
 
     def add(axis, op, nbytes, count, seconds, exposed):
         key = (axis, op, int(nbytes))
@@ -149,7 +151,7 @@ def comm_table(est, layers, per_layer, timer, timing, boundary, ctx, m_played):
                 if len(groups[axis]) > 1:
                     t = timer.op(raw, r) * m
                     add(axis, op, nbytes, count, t, t)
-            for axis, op, nbytes, count in _strategy_calls(x, dims, m, ctx, groups):
+            for axis, op, nbytes, count in _strategy_calls(x, dims, m, ctx, groups, gathers[c]):
                 t = timer.op(("c", op, nbytes, axis), r) * count
                 add(axis, op, nbytes, count, t, 0.0 if (axis != "tp" and overlapped) else t)
     if p > 1:

@@ -180,6 +180,27 @@ def zero3_held(actions, split):
     return out
 
 
+def zero3_gathers(name, p, m, v, r):
+    """[per chunk] how many of rank r's ``F`` and ``B`` passes over that chunk gather its
+    layers in a step of ``m`` micro-batches of schedule ``name``: every one, less those that
+    find them still gathered for a split ``B``'s ``W`` (:func:`zero3_held`), as
+    :class:`~emulator.parallel.data_parallel.zero3.ZeRO3` shares them. Past ``(v + 2) p``
+    micro-batches each one more adds the same count (the steady state repeats), so two
+    shorter steps are counted and the line through them extended."""
+    def count(k):
+        out = [0] * v
+        acts = _actions(name, p, k, v)[r]
+        for (kind, c), (held, _) in zip(acts, zero3_held(acts, name == "zb_h1")):
+            out[c] += kind != "W" and not held
+        return out
+
+    start = (v + 1) * p
+    if m <= start + p:
+        return count(m)
+    a, b = count(start), count(start + p)
+    return [x + (y - x) * (m - start) // p for x, y in zip(a, b)]
+
+
 def walked_micro_batches(p):
     """Micro-batches a non-GPipe schedule is walked over: past them, nothing new is held."""
     return 5 * p
