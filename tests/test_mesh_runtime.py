@@ -29,10 +29,10 @@ def relative_error(got, want):
                for k in want)
 
 
-def compare(model, dims, clip=None, steps=2, batch=8, seq=8, lr=1e-2):
+def compare(model, dims, clip=None, steps=2, batch=8, seq=8, lr=1e-2, stack=None):
     params = model.init(np.random.default_rng(0))
     batches = synthetic_batches(steps, batch, seq, model.vocab, seed=1)
-    run = run_on_mesh(model, params, batches, dims, nn.AdamW(lr=lr), clip_grad_norm=clip)
+    run = run_on_mesh(model, params, batches, dims, nn.AdamW(lr=lr), clip_grad_norm=clip, stack=stack)
     ref, ref_losses = train_single(model, params, batches, nn.AdamW(lr=lr), clip_grad_norm=clip,
                                    micro_batches=dims.dp * dims.micro_batches)
     assert sorted(run.params) == sorted(ref)
@@ -88,6 +88,28 @@ def test_the_grid_equals_one_device(make, dims):
     batch = dims.dp * dims.micro_batches * 2
     _, err, loss = compare(make(), dims, batch=batch, seq=8)
     assert err < 1e-9 and loss < 1e-12, (err, loss)
+
+
+@pytest.mark.parametrize("make,dims", [
+    (dense, ParallelDims(dp=2, pp=2, zero_stage=3, micro_batches=3)),
+    (dense, ParallelDims(dp=2, pp=2, zero_stage=3, schedule="zb_h1", micro_batches=3)),
+    (dense, ParallelDims(dp=2, pp=2, v=2, zero_stage=3, schedule="interleaved_1f1b", micro_batches=2)),
+    (lambda: moe(), ParallelDims(dp=2, tp=2, pp=2, ep=2, sequence_parallel=True, zero_stage=3, micro_batches=2))])
+def test_fsdp_inside_a_pipeline_equals_one_device_and_gathers_each_layer_once(make, dims):
+    """The PyTorch stacks' ZeRO-3 under pipeline parallelism (FSDP2 in torch's pipelining):
+    each layer all-gathered once per step and reduce-scattered once, after the flush, where
+    Megatron's stack (plain ZeRO-3) reduce-scatters every micro-batch's backward."""
+    batch = 2 * dims.dp * dims.micro_batches
+    counts = {}
+    for stack in ("pytorch-eager", "megatron-core"):
+        run, err, loss = compare(make(), dims, batch=batch, clip=1.0, stack=stack)
+        assert err < 1e-9 and loss < 1e-12, (stack, err, loss)
+        calls = [c for c in run.world.calls[0] if c.group in ("dp,cp", "edp")]
+        counts[stack] = {op: sum(c.op == op for c in calls) for op in ("all_gather", "reduce_scatter")}
+    steps, m = 2, dims.micro_batches
+    units = counts["megatron-core"]["reduce_scatter"] // (steps * m)  # stage 0's layers, by gradient group
+    assert units > 0 and counts["megatron-core"]["reduce_scatter"] == units * steps * m
+    assert counts["pytorch-eager"] == {"all_gather": units * steps, "reduce_scatter": units * steps}, counts
 
 
 @pytest.mark.parametrize("dims", [ParallelDims(dp=2, tp=2, sequence_parallel=True, zero_stage=1),

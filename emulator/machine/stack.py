@@ -21,6 +21,11 @@ behind compute, and what each kernel costs the host.
 * ``param_gather_overlap``: ZeRO-1's (Megatron's distributed optimizer's) all-gather of
   the updated weights issued bucket by bucket during the next forward;
 * ``fsdp_prefetch``: ZeRO-3/FSDP gathers the next unit while the current one computes;
+* ``fsdp_unsharded_in_pipeline``: under pipeline parallelism ZeRO-3 keeps each stage's
+  layers gathered from their first forward to the step's end and their gradients whole,
+  summed in the reduction's dtype, and reduce-scatters them once, after the last micro-batch
+  (FSDP2 inside ``torch.distributed.pipelining``, as torchtitan runs it); else each pass
+  gathers and each backward reduce-scatters;
 * ``tp_comm_overlap``: Transformer Engine's userbuffers: tensor-parallel all-gathers and
   reduce-scatters pipelined with the GEMMs beside them, ``tp_overlap_sms`` SMs taken from
   the GEMM for the pipelined ones;
@@ -103,6 +108,7 @@ class Stack:
     flash_kernel: str = "flash"
     op_checkpoint: bool = False
     keep_gathered_input: bool = False
+    fsdp_unsharded_in_pipeline: bool = False
 
     def __post_init__(self):
         bad = []
@@ -147,6 +153,8 @@ class Stack:
                  f"TP comm {self.tp_comm_overlap} ({self.tp_overlap_sms} SMs), p2p {self.p2p_overlap}",
                  f"  per-op activation checkpointing (recompute='op'): {self.op_checkpoint}; "
                  f"gathered input kept for the weight gradient: {self.keep_gathered_input}",
+                 f"  ZeRO-3 in a pipeline: layers kept gathered and gradients whole until one reduce-scatter "
+                 f"after the flush: {self.fsdp_unsharded_in_pipeline}",
                  f"  per kernel: launch {self.launch * 1e6:.1f} us, host dispatch {self.dispatch * 1e6:.1f} us"]
         for key, src in sorted(self.sources.items()):
             lines.append(f"  [{key}] {src.cite()}")
@@ -170,12 +178,12 @@ PRESETS = {
         "pytorch-eager", "PyTorch eager with torch.distributed (DDP, FSDP2, DTensor TP), as torchtitan writes a model",
         POLICIES["fsdp2-bf16"], "flash", frozenset({"norm", "adam"}), "backward",
         Bucket("bytes", 25 * 2**20, first=2**20), False, True, False, 0, False, 1.1e-6, 7e-6, PYTORCH_EAGER,
-        flash_kernel="flash2", op_checkpoint=True, keep_gathered_input=True),
+        flash_kernel="flash2", op_checkpoint=True, keep_gathered_input=True, fsdp_unsharded_in_pipeline=True),
     "pytorch-compile": Stack(
         "pytorch-compile", "PyTorch with torch.compile (Inductor's fused elementwise kernels)",
         POLICIES["fsdp2-bf16"], "flash", frozenset({"norm", "adam", "elementwise"}), "backward",
         Bucket("bytes", 25 * 2**20, first=2**20), False, True, False, 0, False, 1.1e-6, 6.8e-6, PYTORCH_COMPILE,
-        flash_kernel="flash2", op_checkpoint=True, keep_gathered_input=True),
+        flash_kernel="flash2", op_checkpoint=True, keep_gathered_input=True, fsdp_unsharded_in_pipeline=True),
 }
 
 

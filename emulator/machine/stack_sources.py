@@ -139,6 +139,7 @@ MEGATRON_2021 = {
 }
 
 PT = ("pytorch/pytorch", "cf30153c")
+PT_RELEASE = ("pytorch/pytorch", "v2.13.0")  # the release the requirements pin, read as installed
 PYTORCH_EAGER = {
     "precision": _src(TT, "torchtitan/config/job_config.py", "282, 290",
                       'mixed_precision_param: "bfloat16"; mixed_precision_reduce: "float32"'),
@@ -175,6 +176,18 @@ PYTORCH_EAGER = {
                                 'desired_input_layouts=(Replicate(), None)), "attention.wq": colwise_parallel()'),
     "op_checkpoint": _src(TT_BENCH, "torchtitan/parallelisms/parallelize_llama.py", "213-276",
                           "# Saves output of all compute ops, except every second mm"),
+    "fsdp_unsharded_in_pipeline": _src(PT_RELEASE, "torch/distributed/pipelining/stage.py", "843-847, 1163-1191",
+                                       "elif isinstance(self.submod, FSDPModule): "
+                                       "self.submod.set_is_last_backward(False); "
+                                       "self.submod.set_reshard_after_backward(False); "
+                                       "self.submod.set_requires_gradient_sync(False) ... def perform_reduce_grad"
+                                       "(...): REDUCE_GRAD action is scheduled after all microbatches W, B actions"),
+    "fsdp_unsharded_in_pipeline.forward": _src(TT_BENCH, "torchtitan/parallelisms/parallelize_llama.py", "326-329",
+                                               "if pp_enabled: # For PP, do not reshard after forward to avoid "
+                                               "per-microbatch all-gathers ... reshard_after_forward = False"),
+    "fsdp_unsharded_in_pipeline.grads": _src(PT_RELEASE, "torch/distributed/fsdp/_fully_shard/_fsdp_param.py",
+                                             "802-813", "self.unsharded_accumulated_grad = "
+                                             "unsharded_grad.to(self.reduce_dtype)"),
 }
 
 PYTORCH_COMPILE = dict(PYTORCH_EAGER)

@@ -7,7 +7,7 @@ same way (it lives with the records it reads, :mod:`emulator.records.breakdown`)
 
 from ..mesh import DATA_PARALLEL, REDUCED_OVER
 from ..records.breakdown import KERNELS, ORDER, measured  # noqa: F401 -- part of this module's interface
-from .memory import byte_sizes, zero3_gathers
+from .memory import byte_sizes, unsharded_in_pipeline, zero3_gathers
 
 
 def breakdown(est, timer, layers, timing, m_played, tails, r, ctx):
@@ -16,7 +16,8 @@ def breakdown(est, timer, layers, timing, m_played, tails, r, ctx):
     m, out = dims.micro_batches, dict.fromkeys(ORDER, 0.0)
     sizes = byte_sizes(ctx)
     split = dims.schedule == "zb_h1"
-    gathers = zero3_gathers(dims.schedule, dims.pp, m, dims.v, r) if dims.zero_stage == 3 else [0] * dims.v
+    whole = unsharded_in_pipeline(dims, ctx)  # its reduce-scatters in the tail, after the flush
+    gathers = zero3_gathers(dims.schedule, dims.pp, m, dims.v, r, whole) if dims.zero_stage == 3 else [0] * dims.v
     for c in range(dims.v):
         for x in layers[c][r]:
             passes = ["F", "B", "W"] + (["F0"] if dims.recompute == "full" else [])
@@ -33,7 +34,7 @@ def breakdown(est, timer, layers, timing, m_played, tails, r, ctx):
                 full = -(-elems // n) * n
                 if dims.zero_stage == 3:  # gathered before forward and backward, unless still held for a W
                     out["dp"] += gathers[c] * timer.op(("c", "all_gather", full * sizes["gather"], axis), r)
-                if dims.zero_stage >= 2:
+                if dims.zero_stage >= 2 and not whole:
                     out["dp"] += m * timer.op(("c", "reduce_scatter", full * sizes["reduce"], axis), r)
             if x.partial and dims.tp > 1:
                 out["tp"] += m * timer.op(("c", "all_reduce", x.partial * sizes["grads"], "tp"), r)

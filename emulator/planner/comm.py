@@ -13,7 +13,7 @@ from ..parallel.data_parallel.ladder import uses_distributed_optimizer
 from ..parallel.pipeline.actions import destination, source
 from ..parallel.pipeline.simulator import rank_end
 from ..records.table import Table
-from .memory import byte_sizes, zero3_gathers
+from .memory import byte_sizes, unsharded_in_pipeline, zero3_gathers
 from .overlap import gather_in_forward, replay
 from .timing import action_durations
 
@@ -28,7 +28,9 @@ def link_of(ranks, gpus_per_node):
 
 def _strategy_calls(layer, dims, m, ctx, groups, gathers):
     """(axis, op, bytes, calls per step) of the data-parallel strategy for one layer
-    (``gathers``: how many of its passes gather it under ZeRO-3, :func:`~.memory.zero3_gathers`)."""
+    (``gathers``: how many of its passes gather it under ZeRO-3, :func:`~.memory.zero3_gathers`;
+    FSDP2 in a pipeline reduce-scatters once, after the flush)."""
+    scatters = 1 if unsharded_in_pipeline(dims, ctx) else m
     sizes = byte_sizes(ctx)
     out = []
     for group, elems in layer.params.items():
@@ -48,7 +50,7 @@ def _strategy_calls(layer, dims, m, ctx, groups, gathers):
         if z == 2:
             out += [(axis, "reduce_scatter", rs, m), (axis, "all_gather", ag, 1)]
         if z == 3:
-            out += [(axis, "all_gather", ag, gathers), (axis, "reduce_scatter", rs, m)]
+            out += [(axis, "all_gather", ag, gathers), (axis, "reduce_scatter", rs, scatters)]
     if layer.partial and dims.tp > 1:
         out.append(("tp", "all_reduce", layer.partial * sizes["grads"], m))
     return out
@@ -104,10 +106,12 @@ def dp_tail(est, layers, per_layer, timer, timing, r, ctx, boundary):
 def closed_form_tail(timer, r, layers, dims, ctx):
     """Rank r's data-parallel tail where no bucket overlaps it (ZeRO-1 without the
     distributed optimizer: each layer's reduce-scatter and all-gather after backward; ZeRO-2:
-    the all-gathers, its reduce-scatters having run in backward; 0 otherwise)."""
+    the all-gathers, its reduce-scatters having run in backward; FSDP2 in a pipeline: each
+    layer's reduce-scatter, after the flush; 0 otherwise)."""
     z, groups, sizes = dims.zero_stage, timer.groups(r), byte_sizes(ctx)
     total = 0.0
-    if z not in (1, 2):
+    whole = unsharded_in_pipeline(dims, ctx)
+    if z not in (1, 2) and not whole:
         return total
     for c in range(dims.v):
         for x in layers[c][r]:
@@ -117,9 +121,10 @@ def closed_form_tail(timer, r, layers, dims, ctx):
                 if not elems or n == 1:
                     continue
                 full = -(-elems // n) * n
-                if z == 1:
+                if z == 1 or whole:
                     total += timer.op(("c", "reduce_scatter", full * sizes["reduce"], axis), r)
-                total += timer.op(("c", "all_gather", full * sizes["gather"], axis), r)
+                if not whole:
+                    total += timer.op(("c", "all_gather", full * sizes["gather"], axis), r)
     return total
 
 
@@ -134,7 +139,8 @@ def comm_table(est, layers, per_layer, timer, timing, boundary, ctx, m_played):
     groups, g = timer.groups(r), timer.g
     overlapped = dims.zero_stage == 0 or uses_distributed_optimizer(ctx.stack, dims.zero_stage)
     rows = {}
-    gathers = zero3_gathers(dims.schedule, p, m, dims.v, r) if dims.zero_stage == 3 else [0] * dims.v
+    gathers = zero3_gathers(dims.schedule, p, m, dims.v, r, unsharded_in_pipeline(dims, ctx)) \
+        if dims.zero_stage == 3 else [0] * dims.v
 
     def add(axis, op, nbytes, count, seconds, exposed):
         key = (axis, op, int(nbytes))

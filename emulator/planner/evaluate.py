@@ -22,7 +22,7 @@ from .breakdown import breakdown, lines as breakdown_lines
 from .cluster import Cluster
 from .comm import comm_table, expose_as_breakdown
 from .layers import ops_flops, rank_layers, split_names
-from .memory import KINDS, shard_groups, stage_peaks, updated_elements
+from .memory import KINDS, shard_groups, stage_peaks, unsharded_in_pipeline, updated_elements
 from .models import ModelSpec
 from .precision_of import plan_context
 from .timer import Timer
@@ -202,8 +202,8 @@ def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=Non
     def play(m_sim):
         """The pipeline of ``m_sim`` micro-batches: (timing, each rank's end, busy seconds, tails, table)."""
         actions = _schedule(dims.schedule, p, m_sim, v)
-        durations = [action_durations(actions[r], per_layer[r], dims, prefetch=ctx.stack.fsdp_prefetch)
-                     for r in range(p)]
+        durations = [action_durations(actions[r], per_layer[r], dims, prefetch=ctx.stack.fsdp_prefetch,
+                                      whole_step=unsharded_in_pipeline(dims, ctx)) for r in range(p)]
         host = [action_durations(actions[r], per_layer[r], dims, host=True) for r in range(p)]
         timing = simulator.play(actions, durations, lambda src, dst: timer.p2p(boundary, src, dst), host,
                                 _waits(dims.schedule, p, m_sim, v))

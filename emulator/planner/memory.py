@@ -62,6 +62,14 @@ def byte_sizes(ctx):
                              "reduce": dtype_bytes(ctx.dtype("grad_reduce"))})
 
 
+def unsharded_in_pipeline(dims, ctx):
+    """Whether ``dims``'s ZeRO-3 runs as FSDP2 inside torch's pipelining: each stage's layers
+    gathered from their first forward and their gradients kept whole to the step's end, one
+    reduce-scatter per layer after the flush (:class:`~emulator.parallel.data_parallel.
+    fsdp_pipeline.FSDPInPipeline`)."""
+    return dims.zero_stage == 3 and dims.pp > 1 and ctx.stack.fsdp_unsharded_in_pipeline
+
+
 class Units:
     """One rank's units (a layer's parameters that reduce over one group) and their bytes."""
 
@@ -69,6 +77,7 @@ class Units:
         groups = shard_groups(dims)
         sizes = byte_sizes(ctx)
         param_bytes, opt, grad_bytes, gather = sizes["params"], sizes["optimizer"], sizes["grads"], sizes["gather"]
+        whole = unsharded_in_pipeline(dims, ctx)  # its gradients whole until the step's reduce-scatter
         self.z, self.pb = dims.zero_stage, param_bytes
         self.params = self.optimizer = 0
         self.per_layer = []  # per layer: (grads held once its backward ran, gathered, full-gradient buffer)
@@ -81,9 +90,9 @@ class Units:
                 full, mine = padded(elems, n), padded(elems, n) // n
                 self.params += (mine if self.z == 3 else elems) * param_bytes
                 self.optimizer += (elems if self.z == 0 else mine) * opt
-                grads += (elems if self.z <= 1 else mine) * grad_bytes
+                grads += (elems if self.z <= 1 else full if whole else mine) * grad_bytes
                 gathered += full * gather if self.z == 3 else 0
-                fullgrad += full * grad_bytes if self.z >= 2 else 0
+                fullgrad += full * grad_bytes if (self.z >= 2 and not whole) else 0
             self.per_layer.append((grads, gathered, fullgrad))
 
 
@@ -106,13 +115,13 @@ def _ddp_buckets(units, dims, ctx, pp_rank):
         units[c].per_layer[i] = (g, gathered, fullgrad)
 
 
-def _profile(kept, units, kind, first, grad_out, held, release, transient, loss=0.0):
+def _profile(kept, units, kind, first, grad_out, held, release, transient, loss=0.0, keep=False):
     """(peak over the action of (activations, grads, buffers) changes, net change) for one
     pass over a chunk's layers: ``kind`` F, B (unsplit or ``"B-split"``) or W. ``held``:
-    ZeRO-3's gathered layers are still held from an earlier split ``B`` (shared, not
-    gathered again); ``release``: this ``W`` is the last user of them; ``loss``: what the
-    loss keeps (the last chunk of the last stage), from after its forward until its
-    backward begins."""
+    ZeRO-3's gathered layers are still held (from an earlier split ``B``, or for the whole
+    step: ``keep``, FSDP2 in a pipeline, whose first forward gathers them to stay);
+    ``release``: this ``W`` is the last user of them; ``loss``: what the loss keeps (the last
+    chunk of the last stage), from after its forward until its backward begins."""
     a = g = buf = 0
     best = (0, 0, 0)
     if kind in ("B", "B-split"):
@@ -129,7 +138,7 @@ def _profile(kept, units, kind, first, grad_out, held, release, transient, loss=
         for i in range(len(kept)):
             buf += gathered[i] + transient[i][0]
             check()
-            buf -= gathered[i] + transient[i][0]
+            buf -= transient[i][0] + (0 if keep else gathered[i])
             a += kept[i]
             check()
         a += loss
@@ -148,12 +157,12 @@ def _profile(kept, units, kind, first, grad_out, held, release, transient, loss=
     for i in rev:  # B unsplit, or W: release the layer, then hand its gradients on
         grads, full_layer, fullgrad = units.per_layer[i]
         if kind == "B":
-            buf += full_layer + transient[i][1]
+            buf += gathered[i] + transient[i][1]
             check()
             buf -= transient[i][1]
         a -= kept[i]
-        if kind == "B" or release:
-            buf -= full_layer
+        if (kind == "B" and not keep) or release:
+            buf -= gathered[i] if kind == "B" else full_layer
         buf += fullgrad
         check()
         buf -= fullgrad
@@ -163,9 +172,17 @@ def _profile(kept, units, kind, first, grad_out, held, release, transient, loss=
     return best, (a, g, buf)
 
 
-def zero3_held(actions, split):
+def zero3_held(actions, split, whole_step=False):
     """Per action of one rank: whether its chunk's layers are still gathered (a split
-    ``B`` whose ``W`` has not run), and for a ``W`` whether it is their last user."""
+    ``B`` whose ``W`` has not run; with ``whole_step``, FSDP2 in a pipeline, every pass
+    after the chunk's first forward), and for a ``W`` whether it is their last user."""
+    if whole_step:
+        seen, out = set(), []
+        for kind, c in actions:
+            out.append((not (kind == "F" and c not in seen), False))
+            if kind == "F":
+                seen.add(c)
+        return out
     outstanding, out = {}, []
     for kind, c in actions:
         n = outstanding.get(c, 0)
@@ -180,13 +197,17 @@ def zero3_held(actions, split):
     return out
 
 
-def zero3_gathers(name, p, m, v, r):
+def zero3_gathers(name, p, m, v, r, whole_step=False):
     """[per chunk] how many of rank r's ``F`` and ``B`` passes over that chunk gather its
     layers in a step of ``m`` micro-batches of schedule ``name``: every one, less those that
     find them still gathered for a split ``B``'s ``W`` (:func:`zero3_held`), as
-    :class:`~emulator.parallel.data_parallel.zero3.ZeRO3` shares them. Past ``(v + 2) p``
-    micro-batches each one more adds the same count (the steady state repeats), so two
-    shorter steps are counted and the line through them extended."""
+    :class:`~emulator.parallel.data_parallel.zero3.ZeRO3` shares them (``whole_step``: the
+    first forward only). Past ``(v + 2) p`` micro-batches each one more adds the same count
+    (the steady state repeats), so two shorter steps are counted and the line through them
+    extended."""
+    if whole_step:
+        return [1] * v
+
     def count(k):
         out = [0] * v
         acts = _actions(name, p, k, v)[r]
@@ -227,7 +248,8 @@ def stage_peaks(stage_layers, dims, ctx):
         loss = [sum(x.loss for x in ls) for ls in layers]
         transient = [[x.transient for x in ls] for ls in layers]
         profiles, keys = {}, []
-        held = zero3_held(actions[r], split) if dims.zero_stage == 3 else [(False, True)] * len(actions[r])
+        whole = unsharded_in_pipeline(dims, ctx)
+        held = zero3_held(actions[r], split, whole) if dims.zero_stage == 3 else [(False, True)] * len(actions[r])
         seen = set()
         for (kind, c), (h, release) in zip(actions[r], held):
             k = "B-split" if (kind == "B" and split) else kind
@@ -237,7 +259,7 @@ def stage_peaks(stage_layers, dims, ctx):
             key = (k, c, first, h, release)
             if key not in profiles:
                 profiles[key] = (len(profiles), _profile(kept[c], units[c], k, first, grad_out[c], h, release,
-                                                         transient[c], loss[c]))
+                                                         transient[c], loss[c], whole))
             keys.append(profiles[key][0])
         table = sorted(profiles.values())
         peaks = np.array([pk for _, (pk, _) in table])[keys]  # (actions, 3): the peak inside each action

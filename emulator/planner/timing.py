@@ -83,11 +83,14 @@ def bulk_saving(timer, layer, r, recompute):
     return _passes(timer, layer, r, recompute)[-1]
 
 
-def action_durations(actions, per_layer, dims, host=False, prefetch=False):
+def action_durations(actions, per_layer, dims, host=False, prefetch=False, whole_step=False):
     """Seconds of each of one rank's actions (``per_layer[c]``: its chunks' layer times):
     the GPU's, or (``host=True``) the host's to issue them. ``prefetch`` (ZeRO-3 as FSDP2
     runs it): a layer's all-gather runs while the layer before it computes, its
-    reduce-scatter while the layer after it in backward does (:func:`prefetched`)."""
+    reduce-scatter while the layer after it in backward does (:func:`prefetched`).
+    ``whole_step`` (FSDP2 in a pipeline, :func:`~.memory.unsharded_in_pipeline`): only a
+    chunk's first forward gathers, and no backward reduce-scatters (that comes after the
+    flush, in the data-parallel tail)."""
     split = dims.schedule == "zb_h1"
     if dims.zero_stage != 3:  # nothing is gathered per pass: one duration per (kind, chunk)
         table = {}
@@ -98,39 +101,44 @@ def action_durations(actions, per_layer, dims, host=False, prefetch=False):
                     sum(t[name] for t in ts) + (0.0 if kind == "W" else sum(t["ag"] for t in ts))
         return [table[a.kind, a.chunk] for a in actions]
     pairs = [(a.kind, a.chunk) for a in actions]
-    held = zero3_held(pairs, split)
+    held = zero3_held(pairs, split, whole_step)
     memo, out = {}, []
     for (kind, c), (h, _) in zip(pairs, held):
         key = (kind, c, h)
         if key not in memo:
             ts = per_layer[c]
             name = "F" if kind == "F" else "W" if kind == "W" else ("Bs" if split else "B")
+            unreduced = whole_step and name in ("B", "W")  # its reduce-scatter waits for the flush
             if host:
                 memo[key] = sum(t["host " + name] for t in ts)
-            elif prefetch and dims.zero_stage == 3 and kind != "W":
-                memo[key] = prefetched(ts, name, h)
+            elif prefetch and dims.zero_stage == 3:
+                memo[key] = prefetched(ts, name, h or kind == "W", reduces=not unreduced)
             else:
                 gather = 0.0 if (h or kind == "W") else sum(t["ag"] for t in ts)
-                memo[key] = sum(t[name] for t in ts) + gather
+                memo[key] = sum(t[name] - (t["rs"] if unreduced else 0.0) for t in ts) + gather
         out.append(memo[key])
     return out
 
 
-def prefetched(ts, name, held):
-    """A chunk's forward or backward under FSDP2's prefetch (:class:`emulator.parallel.data_parallel.zero3.ZeRO3`
-    with ``prefetch``): each layer's gather starts as the layer before it (in the pass's
-    order) starts computing, so only what outlasts that layer shows; each layer's
-    reduce-scatter runs beside the next layer's backward, the last one after; the compute
-    beside them slowed as beside any NCCL kernel (:data:`emulator.machine.comm_overlap.NCCL_CONTENTION`)."""
+def prefetched(ts, name, held, reduces=True):
+    """A chunk's pass ``name`` (F, B, a split backward's Bs or W) under FSDP2's prefetch
+    (:class:`emulator.parallel.data_parallel.zero3.ZeRO3` with ``prefetch``): each layer's
+    gather (unless ``held``) starts as the layer before it (in the pass's order) starts
+    computing, so only what outlasts that layer shows; in the pass that hands the gradients
+    on (B, or W of a split backward) each layer's reduce-scatter runs beside the next layer's
+    compute, the last one after, unless it waits for the flush (``reduces=False``); the
+    compute beside them slowed as beside any NCCL kernel
+    (:data:`emulator.machine.comm_overlap.NCCL_CONTENTION`)."""
     order = ts if name == "F" else ts[::-1]
-    compute = [t[name] - (t["rs"] if name != "F" else 0.0) for t in order]
+    hands_on = name in ("B", "W")  # its layer times include the reduce-scatter
+    compute = [t[name] - (t["rs"] if hands_on else 0.0) for t in order]
     total = sum(compute)
     for i, t in enumerate(order):
         if not held:
             ag = t["ag"]
             before = compute[i - 1] if i else 0.0
             total += max(0.0, ag - before) + contention(min(ag, before))
-        if name != "F":
+        if hands_on and reduces:
             rs = t["rs"]
             after = compute[i + 1] if i + 1 < len(order) else 0.0
             total += max(0.0, rs - after) + contention(min(rs, after))

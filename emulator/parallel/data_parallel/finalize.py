@@ -54,7 +54,8 @@ class MeshHooks:
             if names:
                 comm = comms[REDUCED_OVER[group]]
                 self.strategies[group] = strategy_for(comm.stack, dims.zero_stage, comm, _Units(names), flat[group],
-                                                      opt, comms["pp"].rank, label=group)
+                                                      opt, comms["pp"].rank, label=group,
+                                                      pipelined=comms["pp"].size > 1)
         self.partial = {layer: sorted(k[len(layer) + 1:] for k, pl in placements.items()
                                       if k.startswith(layer + ".") and "tp" in pl.partial) for layer in layer_names}
 

@@ -10,6 +10,7 @@ from .buckets import bucket_limit
 from .ddp import DDP
 from .distributed_optimizer import DistributedOptimizer
 from .flat_layout import layouts
+from .fsdp_pipeline import FSDPInPipeline
 from .zero1 import ZeRO1
 from .zero2 import ZeRO2
 from .zero3 import ZeRO3
@@ -30,11 +31,12 @@ def uses_distributed_optimizer(stack, zero_stage):
     return zero_stage == 1 and stack.grad_overlap == "backward" and stack.param_gather_overlap
 
 
-def strategy_for(stack, zero_stage, comm, model, params, opt, pp_rank=0, label=""):
+def strategy_for(stack, zero_stage, comm, model, params, opt, pp_rank=0, label="", pipelined=False):
     """The data-parallel strategy a software stack runs for ``zero_stage``: DDP with its
     buckets (Megatron's rule, torch DDP's 25 MB, or one bucket after the flush), ZeRO-1 as
     Megatron's distributed optimizer where it overlaps both collectives, ZeRO-3 with FSDP's
-    prefetch where the stack has it."""
+    prefetch where the stack has it, and inside a pipeline (``pipelined``) as FSDP2 runs
+    there where the stack says so (:class:`~.fsdp_pipeline.FSDPInPipeline`)."""
     b = stack.bucket
     if zero_stage == 0:  # (DDP counts the weights' bytes)
         limit, first = bucket_limit(stack, comm.size, pp_rank, next(iter(params.values())).itemsize)
@@ -42,6 +44,8 @@ def strategy_for(stack, zero_stage, comm, model, params, opt, pp_rank=0, label="
     if uses_distributed_optimizer(stack, zero_stage):
         elements = None if (b.first_stage_only and pp_rank > 0) else b.size(comm.size)
         return DistributedOptimizer(comm, model, params, opt, bucket_elements=elements, average=False, label=label)
+    if zero_stage == 3 and pipelined and stack.fsdp_unsharded_in_pipeline:
+        return FSDPInPipeline(comm, model, params, opt, average=False, label=label)
     if zero_stage == 3:
         return ZeRO3(comm, model, params, opt, prefetch=stack.fsdp_prefetch, average=False, label=label)
     return STRATEGIES[zero_stage](comm, model, params, opt, average=False, label=label)

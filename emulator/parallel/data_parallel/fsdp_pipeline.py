@@ -1,0 +1,50 @@
+"""FSDP2 inside a pipeline, as ``torch.distributed.pipelining`` and torchtitan run it.
+
+torchtitan turns off ``reshard_after_forward`` when pipeline parallelism is on, so that a
+stage does not all-gather its layers again for every micro-batch; the pipeline's stage, for
+every backward but the step's last, sets ``reshard_after_backward`` and
+``requires_gradient_sync`` off, so that the layers stay gathered and their gradients stay
+whole, summed over micro-batches in the reduction's dtype (``to_accumulated_grad_if_needed``
+upcasts them); once every micro-batch's ``B`` and ``W`` have run, its ``REDUCE_GRAD``
+(``perform_reduce_grad``) reduce-scatters each layer's gradient once and frees the gathered
+layers (:data:`emulator.machine.stack_sources.PYTORCH_EAGER`, ``fsdp_unsharded_in_pipeline``).
+
+So each layer is all-gathered once per step, at its first forward (the next one prefetched
+as FSDP2 does), and reduce-scattered once, after the pipeline flush, where nothing hides it.
+The memory is ZeRO-1's and more: the gathered layers and their whole gradients stay for the
+step, the optimizer alone sharded.
+"""
+
+from .zero3 import ZeRO3
+
+
+class FSDPInPipeline(ZeRO3):
+    def __init__(self, comm, model, params, opt, average=True, label=""):
+        super().__init__(comm, model, params, opt, prefetch=True, average=average, label=label)
+        self.accumulated = {}  # layer -> its whole gradient, summed over the step's micro-batches
+
+    def _done_with(self, name):
+        """Neither the end of a forward nor of a backward reshards: the layer stays gathered."""
+
+    def grads_ready(self, name, grads, last):
+        flat = self.layouts[name].flatten(grads)
+        if name in self.accumulated:
+            self.accumulated[name] += flat
+        else:
+            self.accumulated[name] = flat
+            self.memory.hold(f"fullgrad:{name}", flat, "grads")
+
+    def reduce_grads(self):
+        """``REDUCE_GRAD``: every layer's reduce-scatter issued on its own stream, the gathered
+        layers freed, then each waited for (the root's final callback)."""
+        handles = []
+        for name in self.names:
+            if self.gathered.pop(name, None) is not None:
+                self.memory.release(f"gathered:{name}")
+            if name in self.accumulated:
+                handles.append((name, self.comm.reduce_scatter(self.accumulated.pop(name), async_op=True)))
+        for name, handle in handles:
+            mine = handle.wait() / self.divisor
+            self.memory.release(f"fullgrad:{name}")
+            self.grad_shards[name] = mine
+            self.memory.hold(f"grads:{name}", mine, "grads")
