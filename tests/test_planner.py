@@ -263,3 +263,21 @@ def test_zero3_gathers_count_every_pass_that_finds_its_layers_freed(name, v):
                 if name != "zb_h1":
                     assert want == [2 * m] * v
     assert zero3_gathers("zb_h1", 4, 64, 1, 3) < [2 * 64]
+
+
+@pytest.mark.parametrize("stack,dims", [
+    ("pytorch-eager", D(dp=16, zero_stage=3, recompute="full")),  # FSDP's prefetch hides most of its gathers
+    ("pytorch-eager", D(dp=4, pp=4, zero_stage=3, micro_batches=8)),
+    ("pytorch-eager", D(dp=4, pp=4, zero_stage=3, micro_batches=8, schedule="zb_h1")),
+    ("megatron-core", D(dp=16, zero_stage=3, recompute="full")),
+    ("megatron-core", D(dp=2, tp=4, pp=2, zero_stage=1, micro_batches=8, sequence_parallel=True))])
+def test_the_breakdown_sums_to_the_step_and_counts_only_what_shows(stack, dims):
+    """Every part of the step's breakdown is at least zero and they sum to the step; under
+    FSDP's prefetch the data-parallel part is what the gathers add beyond the compute beside
+    them, less than the gathers' own seconds."""
+    e = evaluate(model_preset("llama3-70b"), cluster_preset("a100", nodes=2), dims, 8192, 32 * 8192, stack=stack)
+    assert all(v >= 0 for v in e.breakdown.values()), e.breakdown
+    assert sum(e.breakdown.values()) == pytest.approx(e.step_time, rel=1e-9), e.summary()
+    sent = sum(x["seconds"] for x in e.comm if x["axis"] in ("dp,cp", "edp"))
+    if stack == "pytorch-eager" and dims.pp == 1:
+        assert 0 < e.breakdown["dp"] < 0.5 * sent

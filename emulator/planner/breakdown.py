@@ -8,16 +8,21 @@ same way (it lives with the records it reads, :mod:`emulator.records.breakdown`)
 from ..mesh import DATA_PARALLEL, REDUCED_OVER
 from ..records.breakdown import KERNELS, ORDER, measured  # noqa: F401 -- part of this module's interface
 from .memory import byte_sizes, unsharded_in_pipeline, zero3_gathers
+from .timing import action_durations
 
 
-def breakdown(est, timer, layers, timing, m_played, tails, r, ctx):
-    """{category: seconds} of pipeline rank r's step (they sum to the step's time)."""
+def breakdown(est, timer, layers, timing, m_played, tails, r, ctx, per_layer=None):
+    """{category: seconds} of pipeline rank r's step (they sum to the step's time).
+    ``per_layer``: rank r's layer times (:func:`~.timing.layer_times`), which FSDP's
+    prefetch needs: what its gathers and reduce-scatters add to each pass, beyond the
+    compute they run beside, is what the passes' durations hold over their compute."""
     dims = est.dims
     m, out = dims.micro_batches, dict.fromkeys(ORDER, 0.0)
     sizes = byte_sizes(ctx)
     split = dims.schedule == "zb_h1"
     whole = unsharded_in_pipeline(dims, ctx)  # its reduce-scatters in the tail, after the flush
     gathers = zero3_gathers(dims.schedule, dims.pp, m, dims.v, r, whole) if dims.zero_stage == 3 else [0] * dims.v
+    prefetch = dims.zero_stage == 3 and ctx.stack.fsdp_prefetch and per_layer is not None
     for c in range(dims.v):
         for x in layers[c][r]:
             passes = ["F", "B", "W"] + (["F0"] if dims.recompute == "full" else [])
@@ -32,6 +37,8 @@ def breakdown(est, timer, layers, timing, m_played, tails, r, ctx):
                 if not elems or n == 1:
                     continue
                 full = -(-elems // n) * n
+                if prefetch:  # beside the compute: what shows is counted below, from the passes
+                    continue
                 if dims.zero_stage == 3:  # gathered before forward and backward, unless still held for a W
                     out["dp"] += gathers[c] * timer.op(("c", "all_gather", full * sizes["gather"], axis), r)
                 if dims.zero_stage >= 2 and not whole:
@@ -39,9 +46,16 @@ def breakdown(est, timer, layers, timing, m_played, tails, r, ctx):
             if x.partial and dims.tp > 1:
                 out["tp"] += m * timer.op(("c", "all_reduce", x.partial * sizes["grads"], "tp"), r)
     scale = m / m_played
+    if prefetch:
+        actions = [a for a, _, _ in timing[r]]
+        bare = [[{**t, "ag": 0.0, "rs": 0.0, "B": t["B"] - t["rs"], "W": t["W"] - t["rs"]} for t in ts]
+                for ts in per_layer]
+        run = (action_durations(actions, times, dims, prefetch=True, whole_step=whole) for times in (per_layer, bare))
+        out["dp"] += (sum(next(run)) - sum(next(run))) * scale
     gpu = sum(out.values())
     busy = sum(e - s for _, s, e in timing[r]) * scale
-    out["launch and dispatch"] = max(0.0, busy - gpu)
+    host = busy - gpu
+    out["launch and dispatch"] = host if host > 1e-9 * busy else 0.0  # (none: round-off)
     out["optimizer"] = est.optimizer_time[r]
     out["dp"] += tails[r]
     out["bubble"] = max(0.0, est.step_time - sum(out.values()))

@@ -233,7 +233,8 @@ def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=Non
     est.step_time = max(ends[r] + tails[r] + est.optimizer_time[r] for r in range(p))
     critical = max(range(p), key=lambda r: ends[r] + tails[r] + est.optimizer_time[r])
     m_played = max(played)
-    est.breakdown = breakdown(est, timer, layers, played[m_played], m_played, tails, critical, ctx)
+    est.breakdown = breakdown(est, timer, layers, played[m_played], m_played, tails, critical, ctx,
+                              per_layer[critical])
     if est.comm.rank == critical:
         expose_as_breakdown(est.comm, est.breakdown)
     tokens = batch * seq_len
