@@ -640,8 +640,9 @@ for name, preset, nodes, seq, batch, axes in cases:
 # 3.2 and 3.3); the planner keeps EP inside a node (EP 8) and uses CP to cut activations
 # instead. For the dense models the planner's picks reach a higher MFU: ZeRO-1 in place of
 # OLMo's and Gemma 2's ZeRO-3 where the state fits (ZeRO-3 gathers every layer's weights
-# twice a step), and less TP than 8: for Yi and DeepSeek LLM TP 2, paid for with a deeper
-# pipeline (16 stages of ZB-H1) and its larger bubble (9%). The published meshes are what
+# twice a step), and less TP than 8: for Yi TP 2, paid for with a deeper pipeline (16
+# stages of ZB-H1) and its larger bubble (9%), for DeepSeek LLM TP 4 over 4 interleaved
+# stages. The published meshes are what
 # worked on real machines, with their own kernels and networks; the planner's are what this
 # model of a machine would do.
 #

@@ -41,6 +41,9 @@ SHAPE_ONLY = [  # bf16, mixed-precision Adam, the real programs without values
     (GQA, D(pp=2, dp=2, micro_batches=4, zero_stage=3, schedule="zb_h1", recompute="selective")),
     (MOE, D(dp=4, ep=4)),
     (MOE, D(dp=4, ep=2, tp=2, zero_stage=1, sequence_parallel=True)),
+    # a split backward holds what B leaves for W: the output gradients, and the cache rebuilt under recomputation
+    (DENSE, D(pp=2, tp=2, dp=2, micro_batches=4, sequence_parallel=True, recompute="full", schedule="zb_h1")),
+    (MOE, D(pp=2, dp=2, ep=2, micro_batches=4, schedule="zb_h1")),
 ]
 PYTORCH = [  # a PyTorch stack: torchtitan's per-op checkpointing, the gathered input kept under SP
     (GQA, D(dp=4, zero_stage=3, recompute="op")),
@@ -49,6 +52,7 @@ PYTORCH = [  # a PyTorch stack: torchtitan's per-op checkpointing, the gathered 
     (GQA, D(tp=2, dp=4, sequence_parallel=True)),
     (DENSE, D(pp=2, tp=2, dp=2, micro_batches=4, recompute="full", sequence_parallel=True)),
     (GQA, D(pp=2, dp=2, micro_batches=4, zero_stage=3, schedule="zb_h1")),  # the last stage keeps its layers gathered
+    (GQA, D(pp=2, tp=2, micro_batches=4, sequence_parallel=True, recompute="op", schedule="zb_h1")),
     (GQA, D(pp=2, dp=2, micro_batches=8, zero_stage=3, schedule="interleaved_1f1b", v=2)),
 ]
 DATA = [  # ring attention runs with data (fp32): the planner in fp32 too

@@ -46,8 +46,10 @@ def test_search_answers_for_16384_gpus_with_a_plan_that_uses_them_all():
 
 @pytest.fixture(scope="module")
 def thousand_gpus():
-    """Llama 3 405B on 128 nodes of 8 H100s, 4M tokens a step, and the exhaustive search's best."""
-    m, c = model_preset("llama3-405b"), cluster_preset("h100", nodes=128)
+    """Llama 3 405B on 128 nodes of 8 H200s, 4M tokens a step, and the exhaustive search's best
+    (ZB-H1 over 64 stages: on H100s a split backward's gradients, held until W, leave
+    interleaved 1F1B ahead)."""
+    m, c = model_preset("llama3-405b"), cluster_preset("h200", nodes=128)
     (_, best), = exhaustive_search(m, c, 8192, 4 * 2**20, top=1)
     return m, c, best
 

@@ -8,3 +8,8 @@ from ml_dtypes import bfloat16
 def upcast(params):
     """The parameters as the layers compute with them: bf16 arrays in fp32, others as they are."""
     return {k: v.astype(np.float32) if v.dtype == bfloat16 else v for k, v in params.items()}
+
+
+def computed(array):
+    """An array as the layers compute with it: a bf16 one in fp32, another as it is."""
+    return array.astype(np.float32) if array.dtype == bfloat16 else array

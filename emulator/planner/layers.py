@@ -15,7 +15,9 @@ describes every layer one rank of a pipeline stage runs:
   ``partial``: elements whose gradients are partial sums over ``tp`` (sequence parallelism);
 * ``kept``: bytes its forward keeps for backward per micro-batch (``input``: its input
   only, what full recomputation keeps), ``grad_out``: the output gradient a split
-  backward keeps from ``B`` to ``W``; ``loss``: what the loss after the output layer keeps
+  backward keeps from ``B`` to ``W``, ``for_w``: what else that ``B`` leaves for ``W``
+  (the output gradients of the weight GEMMs, and the cache it built again under
+  recomputation); ``loss``: what the loss after the output layer keeps
   from its forward to its backward (the vocabulary-parallel cross-entropy's gradient of
   the logits, computed in the forward as Megatron's is); ``transient``: buffers held only
   while its forward, its backward, runs (ring attention's K/V).
@@ -24,7 +26,7 @@ The emulator computes in fp32 (or the arrays' dtype) what a bf16 model computes 
 activations in the model's dtype: the kept bytes below follow what its modules cache.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from ..machine.work import RingAttention, dtype_bytes, flops_of
@@ -35,7 +37,7 @@ from ..parallel.mesh_model import embedding_work, head_work, loss_work
 from ..parallel.pipeline.actions import stage_of
 from ..parallel.pipeline.partition import split_layers
 from ..parallel.tensor_parallel.block_work import declared_block
-from ..parallel.tensor_parallel.op_checkpoint import saved_bytes, split_forward
+from ..parallel.tensor_parallel.op_checkpoint import cached_bytes, saved_bytes, split_forward
 from .precision_of import plan_context
 
 INT = 8  # int64 token ids and indices
@@ -52,6 +54,7 @@ class Layer:
     ops: dict = field(default_factory=dict)  # "F", "B", "W", "F0" -> items of the modules' declarations
     transient: tuple = (0, 0)  # buffers held only while its forward, its backward, runs (ring attention's K/V)
     loss: float = 0.0  # what the loss after it keeps from the forward to the backward (the logits' gradient)
+    for_w: float = 0.0  # what a split backward's B adds for its W, held until then (output gradients; rebuilt cache)
     # seconds of its passes, by the groups that time them (a cache: two layers alike compare equal)
     times: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -79,7 +82,8 @@ def _head(m, s, ctx, a, comp):
     ops = _ops(work, loss.forward, loss.backward_input)
     ops["F0"] = work.recompute  # the stage runs the head again, not the loss
     return Layer("head", {"dense": 2 * d + d * v}, 2 * d if s.sequence_parallel else 0, kept, s.rows_sp * d * a,
-                 s.rows * v * comp, ops, loss=s.rows * v * dtype_bytes(ctx.dtype("loss")))
+                 s.rows * v * comp, ops, loss=s.rows * v * dtype_bytes(ctx.dtype("loss")),
+                 for_w=2 * d * comp)  # the final norm's gradients (the logits' gradient is the output gradient)
 
 
 def _core_kept(m, s, dims, ctx, a, comp):
@@ -123,14 +127,26 @@ def _block(m, s, dims, ctx, a, comp):
     params["dense"] = params.get("dense", 0) + 4 * d + attn_params
     partial = (4 * d + d + mlp_partial) if s.sequence_parallel else 0  # norms, o's bias (and fc2's): a slice
     kept = a * 2 * held + attn_kept + mlp_kept  # the two norms' inputs
+    # what B leaves for W (each part's output gradient, all-gathered under SP, and its local rows; the
+    # gradients of q, k, v and of the MLP's widening outputs; an MoE's expert gradients, computed in B),
+    # kept in the activations' dtype, and the norms' gradients
+    gathered_grad = rows * d if s.sequence_parallel else 0
+    for_w = a * (gathered_grad + held + rows * qkv) + comp * 4 * d
+    if m.n_experts:
+        for_w += comp * (w * R * f + mlp_params["experts"] + mlp_params["dense"])
+    else:
+        for_w += a * (gathered_grad + w * rows * f)
     work = declared_block(s, ctx, _busiest_cp_rank(dims))
-    if dims.recompute == "full":
+    if dims.recompute == "full":  # B builds the whole cache again, and W reads it: held until W
+        for_w += kept - a * held
         kept = a * held
     elif dims.recompute == "op":  # torchtitan's per-op checkpoint: its input and the kept ops' outputs
-        kept = a * held + saved_bytes(split_forward(work.forward)[0], a)
+        ops_kept = split_forward(work.forward)[0]
+        for_w += kept - a * held - cached_bytes(ops_kept, a, m.positions == "rope")  # the rest, rebuilt in B
+        kept = a * held + saved_bytes(ops_kept, a)
     ring = [x for x in work.forward if isinstance(x, RingAttention)]
     transient = (2 * ring[0].kv_bytes, 4 * ring[0].kv_bytes) if ring else (0, 0)  # K/V and the arriving block
-    return Layer("block", params, partial, kept, a * held, a * held, _ops(work), transient=transient)
+    return Layer("block", params, partial, kept, a * held, a * held, _ops(work), transient=transient, for_w=for_w)
 
 
 def _busiest_cp_rank(dims):
@@ -153,8 +169,13 @@ def _kinds(model, tp, cp, ep, sp, recompute, cp_attention, cp_layout, b, seq_len
                         cp_attention=cp_attention, cp_layout=cp_layout)
     s = of_plan(model, dims, b, seq_len, ctx.stack.keep_gathered_input)
     a, comp = dtype_bytes(ctx.dtype("activations")), _computed_bytes(ctx)
-    return {"embed": _embedding(model, s, ctx, a, comp), "block": _block(model, s, dims, ctx, a, comp),
-            "head": _head(model, s, ctx, a, comp)}
+    out = {"embed": _embedding(model, s, ctx, a, comp), "block": _block(model, s, dims, ctx, a, comp),
+           "head": _head(model, s, ctx, a, comp)}
+    if recompute == "full":  # the stage runs the embedding and the head again too: W reads their caches
+        for k in ("embed", "head"):
+            x = out[k]
+            out[k] = replace(x, for_w=x.for_w + x.kept - x.input)
+    return out
 
 
 def _computed_bytes(ctx):

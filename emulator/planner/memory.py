@@ -115,13 +115,15 @@ def _ddp_buckets(units, dims, ctx, pp_rank):
         units[c].per_layer[i] = (g, gathered, fullgrad)
 
 
-def _profile(kept, units, kind, first, grad_out, held, release, transient, loss=0.0, keep=False):
+def _profile(kept, units, kind, first, grad_out, held, release, transient, loss=0.0, keep=False, for_w=None):
     """(peak over the action of (activations, grads, buffers) changes, net change) for one
     pass over a chunk's layers: ``kind`` F, B (unsplit or ``"B-split"``) or W. ``held``:
     ZeRO-3's gathered layers are still held (from an earlier split ``B``, or for the whole
     step: ``keep``, FSDP2 in a pipeline, whose first forward gathers them to stay);
     ``release``: this ``W`` is the last user of them; ``loss``: what the loss keeps (the last
-    chunk of the last stage), from after its forward until its backward begins."""
+    chunk of the last stage), from after its forward until its backward begins; ``for_w``:
+    per layer, what a split ``B`` leaves for its ``W``."""
+    for_w = for_w or [0.0] * len(kept)
     a = g = buf = 0
     best = (0, 0, 0)
     if kind in ("B", "B-split"):
@@ -149,6 +151,8 @@ def _profile(kept, units, kind, first, grad_out, held, release, transient, loss=
             buf += gathered[i] + transient[i][1]
             check()
             buf -= transient[i][1]
+            a += for_w[i]
+            check()
         a += grad_out
         check()
         return best, (a, g, buf)
@@ -160,7 +164,7 @@ def _profile(kept, units, kind, first, grad_out, held, release, transient, loss=
             buf += gathered[i] + transient[i][1]
             check()
             buf -= transient[i][1]
-        a -= kept[i]
+        a -= kept[i] + (for_w[i] if kind == "W" else 0.0)
         if (kind == "B" and not keep) or release:
             buf -= gathered[i] if kind == "B" else full_layer
         buf += fullgrad
@@ -246,6 +250,7 @@ def stage_peaks(stage_layers, dims, ctx):
         kept = [[(x.input if full else x.kept) for x in ls] for ls in layers]
         grad_out = [sum(x.grad_out for x in ls) for ls in layers]
         loss = [sum(x.loss for x in ls) for ls in layers]
+        for_w = [[x.for_w for x in ls] for ls in layers]
         transient = [[x.transient for x in ls] for ls in layers]
         profiles, keys = {}, []
         whole = unsharded_in_pipeline(dims, ctx)
@@ -259,7 +264,7 @@ def stage_peaks(stage_layers, dims, ctx):
             key = (k, c, first, h, release)
             if key not in profiles:
                 profiles[key] = (len(profiles), _profile(kept[c], units[c], k, first, grad_out[c], h, release,
-                                                         transient[c], loss[c], whole))
+                                                         transient[c], loss[c], whole, for_w[c]))
             keys.append(profiles[key][0])
         table = sorted(profiles.values())
         peaks = np.array([pk for _, (pk, _) in table])[keys]  # (actions, 3): the peak inside each action

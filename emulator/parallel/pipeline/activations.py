@@ -4,13 +4,15 @@ rank's ledger of ``activations``.
 What each layer's forward cached for a micro-batch is held from ``F`` until the loop calls
 :meth:`ActivationLedger.free` once the micro-batch's backward is done (``B``, or ``W`` when
 the backward is split: the weight gradient needs the layers' inputs; the output gradients
-``B`` keeps for ``W`` are held too, under ``grad-out``). With ``release="layer"`` each
+``B`` keeps for ``W`` are held too, under ``grad-out``, and what ``B`` adds to a layer's
+cache for ``W``, under ``for W``). With ``release="layer"`` each
 layer's activations go as soon as its own backward is done, as autograd frees saved tensors
 while backward proceeds (the training loop's behaviour). Under full recomputation a layer
 holds only its input.
 """
 
 from ...errors import ConfigError
+from ...records.memory import _arrays, memory_key
 
 
 class ActivationLedger:
@@ -32,6 +34,28 @@ class ActivationLedger:
     def _release_layer(self, mb, c, name):
         if self.release_by_layer:
             self.memory.release(f"act {mb}.{c} {name}")
+
+    @staticmethod
+    def _held_keys(objs):
+        return {memory_key(a) for a in _arrays(objs)}
+
+    def _hold_for_w(self, mb, c, name, cache, held):
+        """What a split backward's ``B`` left in a layer's cache for its ``W`` beyond what was
+        held before it (``held``: :meth:`_held_keys` of the layer's input, its forward's cache
+        and its output gradient): the weight GEMMs' output gradients, and under recomputation
+        the cache built again; held until that ``W``, as autograd keeps a retained graph's
+        tensors."""
+        seen = set(held)
+        new = []
+        for a in _arrays(cache):
+            key = memory_key(a)
+            if key not in seen:
+                seen.add(key)
+                new.append(a)
+        self.memory.hold(f"for W {mb}.{c} {name}", new, "activations")
+
+    def _release_for_w(self, mb, c, name):
+        self.memory.release(f"for W {mb}.{c} {name}")
 
     def _keep_grad_out(self, mb, c, outs):
         self.grad_out[(mb, c)] = outs

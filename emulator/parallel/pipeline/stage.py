@@ -206,6 +206,7 @@ class PipelineStage(ActivationLedger):
             raw = self.hooks.params_for_backward(name, self._upcoming(chunk, i, -1))
             p = upcast(raw)
             x, cache = saved[name]
+            held = self._held_keys((x, cache, dy)) if self.split else None  # F's and the output gradient's
             flops = self.flops_of(name, layer, x)
             if cache is None:  # full recomputation: the layer's forward again
                 _, cache = layer.forward(p, x)
@@ -218,6 +219,7 @@ class PipelineStage(ActivationLedger):
                 dx = dx.astype(self.act)
             if self.split:  # W needs the cache, and the parameters the hooks gave (held until then)
                 saved[name] = (x, cache, raw)
+                self._hold_for_w(mb, c, name, cache, held)
                 self._charge(action, name, "B", flops["backward_input"], 1 / len(chunk))
             else:
                 grads = layer.backward_weight(p, cache, dy)
@@ -240,6 +242,7 @@ class PipelineStage(ActivationLedger):
         for name, layer in reversed(chunk):
             x, cache, raw = saved[name]
             grads = layer.backward_weight(upcast(raw), cache, outs[name])
+            self._release_for_w(mb, c, name)
             self._charge(action, name, "W", self.flops_of(name, layer, x)["backward_weight"], 1 / len(chunk))
             self._release_layer(mb, c, name)
             self._grads_ready(mb, c, name, raw, grads)

@@ -255,7 +255,7 @@ class TensorParallelBlock:
         self.comm.charge("bias-dropout-add 1 backward")
         dx = dh + self._norm_back(c, "ln1", P, through(self.attn, "attn", "attention", do))
         self.comm.charge("residual 1 grad")
-        c["dys"] = {"mlp": dz, "attention": do}
+        c["B done"] = True  # the MLP and attention keep what their W needs (ColumnThenRow._kept_for_w)
         return dx, grads
 
     def backward_input(self, params, cache, dy):
@@ -266,17 +266,16 @@ class TensorParallelBlock:
         return np.shape(dy)
 
     def backward_weight(self, params, cache, dy):
-        if "dys" not in cache:
+        if "B done" not in cache:
             self.backward_input(params, cache, dy)
         with self._declared(params, self._in_shape(cache, dy), ("backward_weight",), "block backward (W)"):
             return self._weight(params, cache)
 
     def _weight(self, params, cache):
-        dys = cache.pop("dys")
-        grads = {f"mlp.{k}": v for k, v in self.mlp.backward_weight(sub(params, "mlp"), cache["mlp"],
-                                                                     dys["mlp"]).items()}
+        cache.pop("B done")
+        grads = {f"mlp.{k}": v for k, v in self.mlp.backward_weight(sub(params, "mlp"), cache["mlp"], None).items()}
         grads.update({f"attn.{k}": v for k, v in self.attn.backward_weight(sub(params, "attn"), cache["attention"],
-                                                                           dys["attention"]).items()})
+                                                                           None).items()})
         return self._finish(grads, cache)
 
     def backward(self, params, cache, dy):
@@ -284,7 +283,7 @@ class TensorParallelBlock:
         reduces them itself."""
         with self._declared(params, np.shape(dy), ("backward_input", "backward_weight"), "block backward"):
             dx, grads = self._backward(params, cache, dy, split=False)
-            cache.pop("dys")
+            cache.pop("B done")
             return dx, self._finish(grads, cache)
 
     def _finish(self, grads, cache):

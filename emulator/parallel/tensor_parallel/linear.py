@@ -23,6 +23,7 @@ import numpy as np
 
 from ...errors import ConfigError
 from ...nn.linear import Linear
+from ...nn.precision import computed
 from .overlap import te_pending
 from .regions import reduce_from_tp_region
 
@@ -87,14 +88,23 @@ class ColumnThenRow:
         with self._declared(dy, ("backward_input",), f"{type(self).__name__} backward (B)"):
             d_out = self.r.reduce_back(dy)
             inner = self._inner(P, c, d_out)
-            c["backward"] = (d_out, dy, inner)
+            c["backward"] = self._kept_for_w(d_out, dy, inner)
             return self.r.gather_back(self._input_grad(P, inner))
+
+    def _kept_for_w(self, d_out, dy, inner):
+        """What a split backward's W needs of its B, kept as the activations are (a bf16
+        model's autograd holds them in bf16): the output's gradient (gathered, under sequence
+        parallelism), its local rows (the bias's gradient) and the gradients of the
+        column-parallel outputs."""
+        kept = self.keep(d_out)
+        return kept, (kept if dy is d_out else self.keep(dy)), [self.keep(g) for g in inner]
 
     def backward_weight(self, P, c, dy):
         if "backward" not in c:
             self.backward_input(P, c, dy)
         with self._declared(dy, ("backward_weight",), f"{type(self).__name__} backward (W)"):
             d_out, dy_local, inner = c.pop("backward")
+            d_out, dy_local, inner = computed(d_out), computed(dy_local), [computed(g) for g in inner]
             return self._weight_grads(c, d_out, dy_local, inner, self._gathered_input(c, d_out.dtype))
 
     def backward(self, P, c, dy):

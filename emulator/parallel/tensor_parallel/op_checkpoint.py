@@ -89,6 +89,23 @@ def split_forward(forward):
     return tuple(kept), tuple(again)
 
 
+def cached_bytes(kept, act_bytes, rope=False):
+    """Bytes of the kept outputs that the block's whole cache, built again in backward, holds
+    as they are (shared, not copied): the q, k and v projections' outputs (q and k only
+    without RoPE, which the cache holds rotated), the MLP's widening output(s) and the
+    attention kernel's log-sum-exp; the kernel's output is cached with its heads merged (a
+    copy), and the down projection's and the reduce-scatters' outputs are not cached."""
+    n = 0.0
+    for x in kept:
+        if isinstance(x, Gemm):
+            name = x.name.rsplit(": ", 1)[-1]
+            if x.name.startswith("mlp: fc1") or name == "v" or (name in ("q", "k") and not rope):
+                n += x.m * x.n * x.count * act_bytes
+        elif isinstance(x, Attention):
+            n += x.b * x.h * x.s_q * 4
+    return n
+
+
 def saved_bytes(kept, act_bytes):
     """Bytes the kept outputs take, held in the activations' dtype (``act_bytes`` each): a
     GEMM's m x n; the attention kernel's output and its fp32 log-sum-exp per row; a
