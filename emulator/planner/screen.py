@@ -14,7 +14,7 @@ from ..parallel.tensor_parallel.op_checkpoint import recompute_modes
 from .bound_rows import chunk_counts
 from .comm import closed_form_tail
 from .layers import rank_layers, split_names
-from .memory import byte_sizes, shard_groups, updated_elements
+from .memory import byte_sizes, shard_groups, unsharded_in_pipeline, updated_elements
 from .overlap import tail_estimate
 from .timing import layer_times
 
@@ -33,8 +33,9 @@ def _in_flight(name, p, m, v):
     return [min(p - r, m) for r in range(p)]
 
 
-def _state_bytes(layer, dims, z, sizes):
-    """(params, optimizer, grads, gathered) bytes of one layer's units on one rank under ZeRO ``z``."""
+def _state_bytes(layer, dims, z, sizes, whole=False):
+    """(params, optimizer, grads, gathered) bytes of one layer's units on one rank under ZeRO
+    ``z`` (``whole``: FSDP2 in a pipeline, its gradients whole, :func:`~.memory.unsharded_in_pipeline`)."""
     groups = shard_groups(dims)
     out = [0, 0, 0, 0]
     for group, elems in layer.params.items():
@@ -42,7 +43,7 @@ def _state_bytes(layer, dims, z, sizes):
         mine = -(-elems // n)
         out[0] += (mine if z == 3 else elems) * sizes["params"]
         out[1] += (elems if z == 0 else mine) * sizes["optimizer"]
-        out[2] += (elems if z <= 1 else mine) * sizes["grads"]
+        out[2] += (elems if z <= 1 else mine * n if (z == 3 and whole) else mine) * sizes["grads"]
         out[3] += mine * n * sizes["gather"] if z == 3 else 0
     return out
 
@@ -75,13 +76,17 @@ def screen(model, timer, kw, seq_len, tokens, hbm, ctx, tails):
             layers[recompute] = rank_layers(model, dims, b, seq_len, ctx, ["embed", "blocks.0", "head"])
         kinds = layers["none" if recompute == "full" else recompute]
         act = [x.input if recompute == "full" else x.kept for x in kinds]
+        # what a deferred W waits with: the output gradient, and what B left for it (the cache rebuilt too)
+        for_w = [x.grad_out + x.for_w + (x.kept - x.input if recompute == "full" else 0.0) for x in kinds]
         for z in stages:
-            state = [_state_bytes(x, dims, z, byte_sizes(ctx)) for x in kinds]
+            whole = unsharded_in_pipeline(dims.replace(zero_stage=z), ctx)
+            state = [_state_bytes(x, dims, z, byte_sizes(ctx), whole) for x in kinds]
             worst = 0.0
             for cnt, held in compositions.items():
                 static = sum(k * sum(st[:3]) for k, st in zip(cnt, state))
-                gathered = max(st[3] for k, st in zip(cnt, state) if k)
-                waiting = deferred.get(cnt, 0) * sum(k * x.grad_out for k, x in zip(cnt, kinds))
+                gathered = sum(k * st[3] for k, st in zip(cnt, state)) if whole else \
+                    max(st[3] for k, st in zip(cnt, state) if k)  # all kept gathered, or one at a time
+                waiting = deferred.get(cnt, 0) * sum(k * w for k, w in zip(cnt, for_w))
                 worst = max(worst, static + gathered + held * sum(k * a for k, a in zip(cnt, act)) / v + waiting)
             if worst <= hbm:
                 tried = [z] + ([1] if z == 0 and len(stages) > 1 and uses_distributed_optimizer(ctx.stack, 1) else [])
@@ -101,8 +106,9 @@ def _estimate(timer, n_layers, kinds, compositions, dims, ctx, tails):
     worst = max(compositions, key=lambda cnt: sum(k * n for k, n in zip(cnt, updated)))
     n = sum(k * u for k, u in zip(worst, updated))
     update = timer.ops(elementwise.optimizer_update(ctx.stack, n, ctx.precision, ctx.array), 0)
-    return _ramp(lt, compositions, dims.schedule, p, m, v) + update + _tail(timer, n_layers, kinds, lt, dims, ctx,
-                                                                            tails)
+    whole = unsharded_in_pipeline(dims, ctx)
+    return _ramp(lt, compositions, dims.schedule, p, m, v, whole) + update + \
+        _tail(timer, n_layers, kinds, lt, dims, ctx, tails)
 
 
 def _tail(timer, n_layers, kinds, lt, dims, ctx, cache):
@@ -111,10 +117,11 @@ def _tail(timer, n_layers, kinds, lt, dims, ctx, cache):
     during the last micro-batch's backward (DDP, the distributed optimizer),
     :func:`~.overlap.tail_estimate` with that backward (``lt``: its layers' seconds) as the
     window; else (ZeRO-1 without the distributed optimizer, ZeRO-2) every layer's
-    collectives, after it, as :func:`~.comm.dp_tail` adds them; none under ZeRO-3.
+    collectives, after it, as :func:`~.comm.dp_tail` adds them (and FSDP2's reduce-scatters in a
+    pipeline); none under plain ZeRO-3.
     ``cache``: one factorisation's, by ZeRO stage, schedule, recomputation, chunks and layers."""
     z = dims.zero_stage
-    if z == 3:
+    if z == 3 and not unsharded_in_pipeline(dims, ctx):
         return 0.0
     p, v = dims.pp, dims.v
     key = (z, dims.schedule, dims.recompute, v, n_layers, tuple(map(id, kinds)))
@@ -138,18 +145,23 @@ def _tail(timer, n_layers, kinds, lt, dims, ctx, cache):
     return cache[key][0]
 
 
-def _ramp(lt, compositions, schedule, p, m, v):
+def _ramp(lt, compositions, schedule, p, m, v, whole=False):
     """The closed form of a step's pipeline: the slowest rank's work per micro-batch ``t``
     (its layers' passes, counted as ``compositions`` holds them; ``lt`` per layer kind) over
     ``m v + p - 1`` chunk slots; ZB-H1 as :func:`emulator.accounting.pipeline.pipeline_bubble`
     times it (the weight gradients fill the ramp-down: ``m (F + B + W) + (p - 1)(F + B - W)``,
-    B the input gradient alone, or the forward and B chain where too few micro-batches)."""
+    B the input gradient alone, or the forward and B chain where too few micro-batches).
+    ``whole`` (FSDP2 in a pipeline): each layer gathered once a step, its reduce-scatter
+    after the flush (in the tail), not in each backward."""
     steps = []
     for cnt in compositions:
-        f, b, w, ag = (sum(k * x[key] for k, x in zip(cnt, lt)) for key in ("F", "Bs", "W", "ag"))
+        f, b, w, ag, rs = (sum(k * x[key] for k, x in zip(cnt, lt)) for key in ("F", "Bs", "W", "ag", "rs"))
+        gathers, scatters = (ag / (m * v), 0.0) if whole else (2 * ag, rs)
         if schedule == "zb_h1":
-            f += 2 * ag
+            f += gathers
+            w -= rs - scatters
             steps.append(max(m * (f + b + w) + (p - 1) * (f + b - w), (m + p - 1) * (f + b) + w))
         else:
-            steps.append((f + sum(k * x["B"] for k, x in zip(cnt, lt)) + 2 * ag) * (m * v + p - 1) / v)
+            backward = sum(k * x["B"] for k, x in zip(cnt, lt)) - (rs - scatters)
+            steps.append((f + backward + gathers) * (m * v + p - 1) / v)
     return max(steps)
