@@ -176,7 +176,7 @@ PYTORCH_EAGER = {
                                 'desired_input_layouts=(Replicate(), None)), "attention.wq": colwise_parallel()'),
     "op_checkpoint": _src(TT_BENCH, "torchtitan/parallelisms/parallelize_llama.py", "213-276",
                           "# Saves output of all compute ops, except every second mm"),
-    "fsdp_unsharded_in_pipeline": _src(PT_RELEASE, "torch/distributed/pipelining/stage.py", "843-847, 1163-1191",
+    "fsdp_unsharded_in_pipeline": _src(PT_RELEASE, "torch/distributed/pipelining/stage.py", "844-847, 1164-1191",
                                        "elif isinstance(self.submod, FSDPModule): "
                                        "self.submod.set_is_last_backward(False); "
                                        "self.submod.set_reshard_after_backward(False); "

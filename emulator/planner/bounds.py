@@ -37,6 +37,7 @@ class Factorisation:
         self.sizes = byte_sizes(ctx)
         self.distributed = uses_distributed_optimizer(ctx.stack, 1)
         self.prefetch = ctx.stack.fsdp_prefetch
+        self.whole = pp > 1 and ctx.stack.fsdp_unsharded_in_pipeline  # ZeRO-3 as FSDP2 in torch's pipelining
         self._opt, self._static, self._floor = {}, {}, {}
 
     def static(self, kinds, z):
@@ -136,7 +137,7 @@ class Factorisation:
         return tuple(out)
 
 
-def _pass_bounds(times, z, sched, prefetch):
+def _pass_bounds(times, z, sched, prefetch, whole=False):
     """Per kind, ``(F, B, host F, host B, host-bound)``: seconds no action can take less of
     per micro-batch and layer of the kind, for ZeRO stage ``z`` and schedule ``sched``, from
     :meth:`Factorisation.times`; and whether its host issues slower than its GPU computes (as
@@ -145,13 +146,15 @@ def _pass_bounds(times, z, sched, prefetch):
     ZeRO-3 without prefetch and with an unsplit backward (whose layers are never still
     gathered); an unsplit backward their ``B`` (holding ``rs`` from ZeRO-2 on) plus the same
     gather; ZB-H1's split ``Bs`` and ``W`` sum to ``B`` without the bulk saving; FSDP's
-    prefetch leaves each layer's compute (``F``; ``B`` less ``rs``) and adds what outlasts it."""
+    prefetch leaves each layer's compute (``F``; ``B`` less ``rs``) and adds what outlasts it;
+    FSDP2 in a pipeline (``whole``) gathers once a step and reduce-scatters after the flush
+    (its passes: ``F``, and ``B`` less ``rs``)."""
     out = []
     for t, saved in times:
         f, b = t["F"], t["B"] - (t["rs"] if z < 2 else 0.0) + (saved if sched == "zb_h1" else 0.0)
         host_bound = t["host F"] > f or t["host B"] > b
         if z == 3:
-            if prefetch:
+            if prefetch or whole:
                 b -= t["rs"]
             elif sched != "zb_h1":
                 f += t["ag"]
@@ -187,7 +190,7 @@ def step_bound(part, kinds, times, z, sched, v, m):
     micro-batch's actions, so ``T >= max_r W_r``. 1 and 2 hold for the ``cap`` played, and
     each of the ``m - cap`` added micro-batches adds at least the ``W`` they count."""
     p = part.dims.pp
-    passes = [_pass_bounds(row, z, sched, part.prefetch) for row in times]
+    passes = [_pass_bounds(row, z, sched, part.prefetch, part.whole) for row in times]
     rows = _time_rows(p, v, part.model.n_layers)
     host_bound = any(passes[part.key_of[r]][k][4] for r, (held, _, _) in enumerate(rows) for k in range(3) if held[k])
     played = m <= (v + 2) * p or host_bound

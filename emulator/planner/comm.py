@@ -175,16 +175,18 @@ def comm_table(est, layers, per_layer, timer, timing, boundary, ctx, m_played):
     return tails, table
 
 
-def expose_as_breakdown(table, parts):
+def expose_as_breakdown(table, parts, data_parallel=False):
     """Set the exposed seconds of the layers' model-parallel collectives (``tp``, ``cp``,
     ``ep``) to their axis's part of the step's breakdown (:mod:`.breakdown`), split over the
     axis's rows by their seconds: how much Transformer Engine's overlap or a ring's
-    attention blocks hide is the breakdown's account, and the table says the same."""
-    for axis in ("tp", "cp", "ep"):
-        rows = [x for x in table if x["axis"] == axis]
+    attention blocks hide is the breakdown's account, and the table says the same. With
+    ``data_parallel`` (FSDP's prefetch) the data-parallel rows too, from its ``dp`` part."""
+    axes = [(axis, (axis,)) for axis in ("tp", "cp", "ep")] + ([("dp", DATA_PARALLEL)] if data_parallel else [])
+    for part, names in axes:
+        rows = [x for x in table if x["axis"] in names]
         total = sum(x["seconds"] for x in rows)
         for x in rows:
-            x["exposed"] = parts.get(axis, 0.0) * x["seconds"] / total if total else 0.0
+            x["exposed"] = parts.get(part, 0.0) * x["seconds"] / total if total else 0.0
 
 
 def _hop(timer, dims, boundary, r, action):

@@ -236,7 +236,7 @@ def evaluate(model, cluster, dims, seq_len, global_batch_tokens, param_bytes=Non
     est.breakdown = breakdown(est, timer, layers, played[m_played], m_played, tails, critical, ctx,
                               per_layer[critical])
     if est.comm.rank == critical:
-        expose_as_breakdown(est.comm, est.breakdown)
+        expose_as_breakdown(est.comm, est.breakdown, dims.zero_stage == 3 and ctx.stack.fsdp_prefetch)
     tokens = batch * seq_len
     G = dims.world_size
     est.tokens_per_s_per_gpu = tokens / est.step_time / G

@@ -10,17 +10,23 @@ upcasts them); once every micro-batch's ``B`` and ``W`` have run, its ``REDUCE_G
 layers (:data:`emulator.machine.stack_sources.PYTORCH_EAGER`, ``fsdp_unsharded_in_pipeline``).
 
 So each layer is all-gathered once per step, at its first forward (the next one prefetched
-as FSDP2 does), and reduce-scattered once, after the pipeline flush, where nothing hides it.
-The memory is ZeRO-1's and more: the gathered layers and their whole gradients stay for the
-step, the optimizer alone sharded.
+as FSDP2 does), and reduce-scattered once, after the stage's last backward, where nothing
+hides it. The memory is ZeRO-1's and more: the gathered layers and their whole gradients
+stay for the step, the optimizer alone sharded.
+
+Where it differs from torch: an interleaved schedule is lowered there with at most three
+stages gathered at once (``_add_unshard_reshard`` in torch/distributed/pipelining/
+schedules.py, ``max_active_stages=3``), each stage reduce-scattered right after its own last
+backward. Here every chunk stays gathered and all are reduce-scattered after the flush:
+the same gathers for two or three chunks per rank, fewer than torch's from four on.
 """
 
 from .zero3 import ZeRO3
 
 
 class FSDPInPipeline(ZeRO3):
-    def __init__(self, comm, model, params, opt, average=True, label=""):
-        super().__init__(comm, model, params, opt, prefetch=True, average=average, label=label)
+    def __init__(self, comm, model, params, opt, prefetch=True, average=True, label=""):
+        super().__init__(comm, model, params, opt, prefetch=prefetch, average=average, label=label)
         self.accumulated = {}  # layer -> its whole gradient, summed over the step's micro-batches
 
     def _done_with(self, name):

@@ -45,7 +45,7 @@ def strategy_for(stack, zero_stage, comm, model, params, opt, pp_rank=0, label="
         elements = None if (b.first_stage_only and pp_rank > 0) else b.size(comm.size)
         return DistributedOptimizer(comm, model, params, opt, bucket_elements=elements, average=False, label=label)
     if zero_stage == 3 and pipelined and stack.fsdp_unsharded_in_pipeline:
-        return FSDPInPipeline(comm, model, params, opt, average=False, label=label)
+        return FSDPInPipeline(comm, model, params, opt, prefetch=stack.fsdp_prefetch, average=False, label=label)
     if zero_stage == 3:
         return ZeRO3(comm, model, params, opt, prefetch=stack.fsdp_prefetch, average=False, label=label)
     return STRATEGIES[zero_stage](comm, model, params, opt, average=False, label=label)
