@@ -33,12 +33,7 @@ class FSDPInPipeline(ZeRO3):
         """Neither the end of a forward nor of a backward reshards: the layer stays gathered."""
 
     def grads_ready(self, name, grads, last):
-        flat = self.layouts[name].flatten(grads)
-        if name in self.accumulated:
-            self.accumulated[name] += flat
-        else:
-            self.accumulated[name] = flat
-            self.memory.hold(f"fullgrad:{name}", flat, "grads")
+        self.accumulate(self.accumulated, name, self.layouts[name].flatten(grads), f"fullgrad:{name}", "grads")
 
     def reduce_grads(self):
         """``REDUCE_GRAD``: every layer's reduce-scatter issued on its own stream, the gathered

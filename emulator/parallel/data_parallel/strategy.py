@@ -146,11 +146,16 @@ class DataParallelStrategy:
         self.memory.hold(f"fullgrad:{name}", flat, "buffers")
         mine = self.comm.reduce_scatter(flat) / self.divisor
         self.memory.release(f"fullgrad:{name}")
-        if name in grad_shards:
-            grad_shards[name] += mine
+        self.accumulate(grad_shards, name, mine, f"grads:{name}", "grads")
+
+    def accumulate(self, store, name, value, entry, kind):
+        """``store[name] += value``; the first time, ``value`` itself, held in the ledger as
+        ``entry`` of ``kind`` (gradients summed over a step's micro-batches)."""
+        if name in store:
+            store[name] += value
         else:
-            grad_shards[name] = mine
-            self.memory.hold(f"grads:{name}", mine, "grads")
+            store[name] = value
+            self.memory.hold(entry, value, kind)
 
 
 def update_work(comm, dtype, elements):

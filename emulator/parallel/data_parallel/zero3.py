@@ -74,11 +74,7 @@ class ZeRO3(DataParallelStrategy):
         self.reducing = None
         mine = handle.wait() / self.divisor
         self.memory.release(f"fullgrad:{name}")
-        if name in self.grad_shards:
-            self.grad_shards[name] += mine
-        else:
-            self.grad_shards[name] = mine
-            self.memory.hold(f"grads:{name}", mine, "grads")
+        self.accumulate(self.grad_shards, name, mine, f"grads:{name}", "grads")
 
     def reduce_grads(self):
         self._finish_reduce()  # the rest reduce-scattered as backward went
