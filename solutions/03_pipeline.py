@@ -560,7 +560,7 @@ for name, r in results.items():
 # 11% instead of 27%, for the same peak count of micro-batches as 1F1B's first stage: ZB-H1
 # holds $p$ on every rank (1F1B's rank 0 already does), and more bytes for each, because
 # what B computes for W waits with it: the gradients at the outputs of the weight matrix
-# multiplies (an eighth more than 1F1B on rank 0 here). Further along the same road:
+# multiplies (13% more than 1F1B on rank 0 here). Further along the same road:
 #
 # * **ZB-H2** lets ranks warm up with more forwards, trading memory for a bubble close
 #   to zero.

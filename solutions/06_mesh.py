@@ -637,8 +637,8 @@ for name, preset, nodes, seq, batch, axes in cases:
 # span nodes, and the emulator times every all-to-all as a pairwise exchange of bf16 rows
 # with nothing overlapping it, where DeepSeek-V3 overlaps its all-to-alls with compute
 # (DualPipe), dispatches in FP8 and wrote its own all-to-all kernels (its report, sections
-# 3.2 and 3.3); the planner keeps EP inside a node (EP 8) and uses CP to cut activations
-# instead. For the dense models the planner's picks reach a higher MFU: ZeRO-1 in place of
+# 3.2 and 3.3); the planner keeps EP inside a node (EP 8) and uses CP or full recomputation
+# to cut activations instead. For the dense models the planner's picks reach a higher MFU: ZeRO-1 in place of
 # OLMo's and Gemma 2's ZeRO-3 where the state fits (ZeRO-3 gathers every layer's weights
 # twice a step), and less TP than 8: for Yi TP 2, paid for with a deeper pipeline (16
 # stages of ZB-H1) and its larger bubble (9%), for DeepSeek LLM TP 4 over 4 interleaved

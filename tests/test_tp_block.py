@@ -131,3 +131,29 @@ def test_bad_arguments_raise_value_error(bad):
     args.update(bad)
     with pytest.raises(ValueError):
         activation_bytes_per_layer(**args)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_split_and_whole_backward_agree_to_the_bit_in_bf16(sp):
+    """B then W (a pipeline's split backward, the mesh's path) and the whole backward (the
+    lessons' path) read the same gradients, kept in the activations' dtype: bit-equal
+    results and dtypes under bf16 activations."""
+    blk = nn.TransformerBlock(D, A, FF, dtype=np.float32)
+    P = blk.init(np.random.default_rng(0))
+    x = np.random.default_rng(1).standard_normal((B, S, D)).astype(np.float32)
+    dy = np.random.default_rng(2).standard_normal((B, S, D)).astype(bfloat16)
+
+    def prog(comm, split):
+        tb = TensorParallelBlock(comm, D, A, FF, sequence_parallel=sp, act_dtype=bfloat16)
+        p = tb.shard(P)
+        sl = slice(comm.rank * S // 2, (comm.rank + 1) * S // 2) if sp else slice(None)
+        _, c = tb.forward(p, x[:, sl])
+        if split:
+            return tb.backward_input(p, c, dy[:, sl]), tb.backward_weight(p, c, dy[:, sl])
+        return tb.backward(p, c, dy[:, sl])
+
+    for (dx1, g1), (dx2, g2) in zip(World(2).run(prog, True), World(2).run(prog, False)):
+        assert np.array_equal(dx1, dx2) and dx1.dtype == dx2.dtype
+        assert sorted(g1) == sorted(g2)
+        assert all(np.array_equal(g1[k], g2[k]) and g1[k].dtype == g2[k].dtype for k in g1), \
+            [k for k in g1 if not np.array_equal(g1[k], g2[k]) or g1[k].dtype != g2[k].dtype]

@@ -11,5 +11,5 @@ def upcast(params):
 
 
 def computed(array):
-    """An array as the layers compute with it: a bf16 one in fp32, another as it is."""
-    return array.astype(np.float32) if array.dtype == bfloat16 else array
+    """An array as the layers compute with it: a bf16 or fp16 one in fp32, another as it is."""
+    return array.astype(np.float32) if array.dtype in (bfloat16, np.float16) else array

@@ -36,16 +36,18 @@ class ActivationLedger:
             self.memory.release(f"act {mb}.{c} {name}")
 
     @staticmethod
-    def _held_keys(objs):
-        return {memory_key(a) for a in _arrays(objs)}
+    def _held_arrays(objs):
+        """The arrays of ``objs``, listed (so kept alive: none of their memory can be reused
+        for a new array before :meth:`_hold_for_w` compares against them)."""
+        return list(_arrays(objs))
 
     def _hold_for_w(self, mb, c, name, cache, held):
         """What a split backward's ``B`` left in a layer's cache for its ``W`` beyond what was
-        held before it (``held``: :meth:`_held_keys` of the layer's input, its forward's cache
-        and its output gradient): the weight GEMMs' output gradients, and under recomputation
-        the cache built again; held until that ``W``, as autograd keeps a retained graph's
-        tensors."""
-        seen = set(held)
+        held before it (``held``: :meth:`_held_arrays` of the layer's input, its forward's
+        cache and its output gradient): the weight GEMMs' output gradients, and under
+        recomputation the cache built again; held until that ``W``, as autograd keeps a
+        retained graph's tensors."""
+        seen = {memory_key(a) for a in held}
         new = []
         for a in _arrays(cache):
             key = memory_key(a)

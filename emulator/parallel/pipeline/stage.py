@@ -206,7 +206,7 @@ class PipelineStage(ActivationLedger):
             raw = self.hooks.params_for_backward(name, self._upcoming(chunk, i, -1))
             p = upcast(raw)
             x, cache = saved[name]
-            held = self._held_keys((x, cache, dy)) if self.split else None  # F's and the output gradient's
+            held = self._held_arrays((x, cache, dy)) if self.split else None  # F's and the output gradient's
             flops = self.flops_of(name, layer, x)
             if cache is None:  # full recomputation: the layer's forward again
                 _, cache = layer.forward(p, x)

@@ -99,12 +99,17 @@ class ColumnThenRow:
         kept = self.keep(d_out)
         return kept, (kept if dy is d_out else self.keep(dy)), [self.keep(g) for g in inner]
 
+    @staticmethod
+    def _as_read(kept):
+        """The kept gradients as the weight GEMMs read them (16-bit ones in fp32)."""
+        d_out, dy_local, inner = kept
+        return computed(d_out), computed(dy_local), [computed(g) for g in inner]
+
     def backward_weight(self, P, c, dy):
         if "backward" not in c:
             self.backward_input(P, c, dy)
         with self._declared(dy, ("backward_weight",), f"{type(self).__name__} backward (W)"):
-            d_out, dy_local, inner = c.pop("backward")
-            d_out, dy_local, inner = computed(d_out), computed(dy_local), [computed(g) for g in inner]
+            d_out, dy_local, inner = self._as_read(c.pop("backward"))
             return self._weight_grads(c, d_out, dy_local, inner, self._gathered_input(c, d_out.dtype))
 
     def backward(self, P, c, dy):
@@ -116,8 +121,9 @@ class ColumnThenRow:
     def _backward(self, P, c, dy):
         d_out = self.r.reduce_back(dy)
         inner = self._inner(P, c, d_out)
+        w_out, w_dy, w_inner = self._as_read(self._kept_for_w(d_out, dy, inner))  # as a split W reads them
         bulk = getattr(self.r, "bulk", None)
-        pending_x = te_pending(self._gathered_input(c, d_out.dtype, async_op=True), bulk)
+        pending_x = te_pending(self._gathered_input(c, w_out.dtype, async_op=True), bulk)
         if bulk and not self.keep_gathered:
             bulk(True)
         dx_partial = self._input_grad(P, inner)
@@ -127,7 +133,7 @@ class ColumnThenRow:
         pending_dx = te_pending(self.r.gather_back(dx_partial, async_op=True), bulk)
         if bulk:
             bulk(True)
-        grads = self._weight_grads(c, d_out, dy, inner, xg)
+        grads = self._weight_grads(c, w_out, w_dy, w_inner, xg)
         if bulk:
             bulk(False)
         return pending_dx.wait(), grads
