@@ -48,8 +48,10 @@ class RankCompute:
     def work_context(self, array_dtype, params_dtype=None):
         """The :class:`~emulator.machine.stack.Context` of a module whose arrays are ``array_dtype``
         (``params_dtype``: its parameters', where they differ and the world has no policy)."""
-        policy = self._world.precision or native(array_dtype)
-        if self._world.precision is None and params_dtype is not None and np.dtype(params_dtype) != np.dtype(array_dtype):
+        if self._world.precision is not None:
+            return Context(self._world.stack, self._world.precision, dtype_name(array_dtype))
+        policy = native(array_dtype)
+        if params_dtype is not None and np.dtype(params_dtype) != np.dtype(array_dtype):
             policy = policy.replace(params=dtype_name(params_dtype))
         return Context(self._world.stack, policy, dtype_name(array_dtype))
 

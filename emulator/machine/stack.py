@@ -154,7 +154,7 @@ class Stack:
                  f"  per-op activation checkpointing (recompute='op'): {self.op_checkpoint}; "
                  f"gathered input kept for the weight gradient: {self.keep_gathered_input}",
                  f"  ZeRO-3 in a pipeline: layers kept gathered and gradients whole until one reduce-scatter "
-                 f"after the flush: {self.fsdp_unsharded_in_pipeline}",
+                 f"after the stage's last backward: {self.fsdp_unsharded_in_pipeline}",
                  f"  per kernel: launch {self.launch * 1e6:.1f} us, host dispatch {self.dispatch * 1e6:.1f} us"]
         for key, src in sorted(self.sources.items()):
             lines.append(f"  [{key}] {src.cite()}")

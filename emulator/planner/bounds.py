@@ -6,7 +6,7 @@ share (its layers' kinds and their times)."""
 
 from ..machine import elementwise
 from ..mesh import DP_CP, EDP, REDUCED_OVER
-from ..parallel.data_parallel.ladder import uses_distributed_optimizer
+from ..parallel.data_parallel.ladder import fsdp_whole_in_pipeline, uses_distributed_optimizer
 from ..parallel.dims import ParallelDims
 from .bound_rows import (_backward_classes, chunk_counts, _ends_with_backward, _last_rank_of, _memory_rows,
                          _time_classes, _time_rows)
@@ -37,7 +37,7 @@ class Factorisation:
         self.sizes = byte_sizes(ctx)
         self.distributed = uses_distributed_optimizer(ctx.stack, 1)
         self.prefetch = ctx.stack.fsdp_prefetch
-        self.whole = pp > 1 and ctx.stack.fsdp_unsharded_in_pipeline  # ZeRO-3 as FSDP2 in torch's pipelining
+        self.whole = fsdp_whole_in_pipeline(ctx.stack, 3, pp > 1)  # ZeRO-3 as FSDP2 in torch's pipelining
         self._opt, self._static, self._floor = {}, {}, {}
 
     def static(self, kinds, z):

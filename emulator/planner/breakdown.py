@@ -50,8 +50,9 @@ def breakdown(est, timer, layers, timing, m_played, tails, r, ctx, per_layer=Non
         actions = [a for a, _, _ in timing[r]]
         bare = [[{**t, "ag": 0.0, "rs": 0.0, "B": t["B"] - t["rs"], "W": t["W"] - t["rs"]} for t in ts]
                 for ts in per_layer]
-        run = (action_durations(actions, times, dims, prefetch=True, whole_step=whole) for times in (per_layer, bare))
-        out["dp"] += (sum(next(run)) - sum(next(run))) * scale
+        with_dp = action_durations(actions, per_layer, dims, prefetch=True, whole_step=whole)
+        compute = action_durations(actions, bare, dims, prefetch=True, whole_step=whole)
+        out["dp"] += (sum(with_dp) - sum(compute)) * scale
     gpu = sum(out.values())
     busy = sum(e - s for _, s, e in timing[r]) * scale
     host = busy - gpu

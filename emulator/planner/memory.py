@@ -27,6 +27,7 @@ import numpy as np
 
 from ..machine.work import dtype_bytes
 from ..parallel.data_parallel.buckets import bucket_layers, bucket_limit
+from ..parallel.data_parallel.ladder import fsdp_whole_in_pipeline
 from ..parallel.pipeline import schedule
 from ..parallel.pipeline.actions import stage_of
 
@@ -67,7 +68,7 @@ def unsharded_in_pipeline(dims, ctx):
     gathered from their first forward and their gradients kept whole to the step's end, one
     reduce-scatter per layer after the flush (:class:`~emulator.parallel.data_parallel.
     fsdp_pipeline.FSDPInPipeline`)."""
-    return dims.zero_stage == 3 and dims.pp > 1 and ctx.stack.fsdp_unsharded_in_pipeline
+    return fsdp_whole_in_pipeline(ctx.stack, dims.zero_stage, dims.pp > 1)
 
 
 class Units:

@@ -156,7 +156,7 @@ def _ramp(lt, compositions, schedule, p, m, v, whole=False):
     steps = []
     for cnt in compositions:
         f, b, w, ag, rs = (sum(k * x[key] for k, x in zip(cnt, lt)) for key in ("F", "Bs", "W", "ag", "rs"))
-        gathers, scatters = (ag / (m * v), 0.0) if whole else (2 * ag, rs)
+        gathers, scatters = (ag / m, 0.0) if whole else (2 * ag, rs)  # per micro-batch: once a step, or twice
         if schedule == "zb_h1":
             f += gathers
             w -= rs - scatters

@@ -1,13 +1,12 @@
 """FSDP2 inside a pipeline, as ``torch.distributed.pipelining`` and torchtitan run it.
 
 torchtitan turns off ``reshard_after_forward`` when pipeline parallelism is on, so that a
-stage does not all-gather its layers again for every micro-batch; the pipeline's stage, for
-every backward but the step's last, sets ``reshard_after_backward`` and
-``requires_gradient_sync`` off, so that the layers stay gathered and their gradients stay
-whole, summed over micro-batches in the reduction's dtype (``to_accumulated_grad_if_needed``
-upcasts them); once every micro-batch's ``B`` and ``W`` have run, its ``REDUCE_GRAD``
-(``perform_reduce_grad``) reduce-scatters each layer's gradient once and frees the gathered
-layers (:data:`emulator.machine.stack_sources.PYTORCH_EAGER`, ``fsdp_unsharded_in_pipeline``).
+stage does not all-gather its layers again for every micro-batch; the pipeline's stage sets
+``reshard_after_backward`` and ``requires_gradient_sync`` off for every backward, so that
+the layers stay gathered and their gradients stay whole, summed over micro-batches in the
+reduction's dtype (``to_accumulated_grad_if_needed`` upcasts them); once the stage's last
+``B`` and ``W`` have run, its ``REDUCE_GRAD`` (``perform_reduce_grad``) reduce-scatters each
+layer's gradient once and frees the gathered layers (:data:`emulator.machine.stack_sources.PYTORCH_EAGER`, ``fsdp_unsharded_in_pipeline``).
 
 So each layer is all-gathered once per step, at its first forward (the next one prefetched
 as FSDP2 does), and reduce-scattered once, after the stage's last backward, where nothing
@@ -47,5 +46,4 @@ class FSDPInPipeline(ZeRO3):
         for name, handle in handles:
             mine = handle.wait() / self.divisor
             self.memory.release(f"fullgrad:{name}")
-            self.grad_shards[name] = mine
-            self.memory.hold(f"grads:{name}", mine, "grads")
+            self.accumulate(self.grad_shards, name, mine, f"grads:{name}", "grads")

@@ -31,6 +31,14 @@ def uses_distributed_optimizer(stack, zero_stage):
     return zero_stage == 1 and stack.grad_overlap == "backward" and stack.param_gather_overlap
 
 
+def fsdp_whole_in_pipeline(stack, zero_stage, pipelined):
+    """Whether ZeRO-3 runs as FSDP2 inside torch's pipelining under ``stack``: a stage's
+    layers kept gathered and their gradients whole until one reduce-scatter after its last
+    backward (:class:`~.fsdp_pipeline.FSDPInPipeline`; ``pipelined``: pp > 1). The one rule
+    the emulator's strategy and the planner's account both read."""
+    return zero_stage == 3 and pipelined and stack.fsdp_unsharded_in_pipeline
+
+
 def strategy_for(stack, zero_stage, comm, model, params, opt, pp_rank=0, label="", pipelined=False):
     """The data-parallel strategy a software stack runs for ``zero_stage``: DDP with its
     buckets (Megatron's rule, torch DDP's 25 MB, or one bucket after the flush), ZeRO-1 as
@@ -44,7 +52,7 @@ def strategy_for(stack, zero_stage, comm, model, params, opt, pp_rank=0, label="
     if uses_distributed_optimizer(stack, zero_stage):
         elements = None if (b.first_stage_only and pp_rank > 0) else b.size(comm.size)
         return DistributedOptimizer(comm, model, params, opt, bucket_elements=elements, average=False, label=label)
-    if zero_stage == 3 and pipelined and stack.fsdp_unsharded_in_pipeline:
+    if fsdp_whole_in_pipeline(stack, zero_stage, pipelined):
         return FSDPInPipeline(comm, model, params, opt, prefetch=stack.fsdp_prefetch, average=False, label=label)
     if zero_stage == 3:
         return ZeRO3(comm, model, params, opt, prefetch=stack.fsdp_prefetch, average=False, label=label)
