@@ -303,8 +303,8 @@ for recompute in (False, True):
 # %% [markdown]
 # Recomputing costs one more forward: 4/3 of the compute (forward 1, backward 2, the
 # forward again 1), and the activations shrink to one input per layer (and the loss's
-# gradient of the logits, which the loss keeps from its forward until backward begins). Lesson 02 splits the
-# activations themselves across GPUs, and counts them term by term.
+# gradient of the logits, which the loss keeps from its forward until backward begins).
+# Lesson 02 splits the activations themselves across GPUs, and counts them term by term.
 #
 # ## 7. Batch size is a resource
 #

@@ -137,11 +137,12 @@ for r in (0, 32):
 # The tensor-parallel group talks the most and stays on NVLink; the pipeline hands one
 # micro-batch's activations (or gradients) at a time across nodes; the data-parallel
 # reduce-scatter and all-gather of ZeRO-1 cross nodes once per step. Stage 0 holds more
-# activations than stage 1 at their highest: under 1F1B it has both micro-batches in flight
-# at once, stage 1 one (a little more per micro-batch: it also keeps the output layer's
-# input, and the loss keeps its gradient of the logits until backward). The legends give each kind at the rank's peak of everything together, which for
-# stage 0 comes later, once its gradients are allocated and its first micro-batch's
-# activations freed: there it holds one micro-batch's, fewer than stage 1.
+# activations than stage 1 at their highest: under 1F1B it has both micro-batches in
+# flight at once, stage 1 one (a little more per micro-batch: it also keeps the output
+# layer's input, and the loss keeps its gradient of the logits until backward). The
+# legends give each kind at the rank's peak of everything together, which for stage 0
+# comes later, once its gradients are allocated and its first micro-batch's activations
+# freed: there it holds one micro-batch's, fewer than stage 1.
 #
 # ## 3. Validate a plan: account for it, then measure it
 #
@@ -420,9 +421,9 @@ print("in micro-batches of stage 1's size:", ", ".join(f"{a / (acts[1] / 3):.2f}
 # %% [markdown]
 # Stage 0 holds 4 micro-batches' activations, stage 3 one and the loss's gradient of the
 # logits (b x s x V fp32 values, kept from the loss's forward to its backward: here about
-# as large again, the vocabulary being large next to this small model). Raising PP while lowering DP keeps the
-# *state* flat but grows the first stage's activations with $p$: that, not the 16 bytes
-# per parameter, is what stops a deep pipeline.
+# as large again, the vocabulary being large next to this small model). Raising PP while
+# lowering DP keeps the *state* flat but grows the first stage's activations with $p$:
+# that, not the 16 bytes per parameter, is what stops a deep pipeline.
 #
 # ## 6. The planner
 #
@@ -637,14 +638,14 @@ for name, preset, nodes, seq, batch, axes in cases:
 # span nodes, and the emulator times every all-to-all as a pairwise exchange of bf16 rows
 # with nothing overlapping it, where DeepSeek-V3 overlaps its all-to-alls with compute
 # (DualPipe), dispatches in FP8 and wrote its own all-to-all kernels (its report, sections
-# 3.2 and 3.3); the planner keeps EP inside a node (EP 8) and uses CP or full recomputation
-# to cut activations instead. For the dense models the planner's picks reach a higher MFU: ZeRO-1 in place of
-# OLMo's and Gemma 2's ZeRO-3 where the state fits (ZeRO-3 gathers every layer's weights
-# twice a step), and less TP than 8: for Yi TP 2, paid for with a deeper pipeline (16
-# stages of ZB-H1) and its larger bubble (9%), for DeepSeek LLM TP 4 over 4 interleaved
-# stages. The published meshes are what
-# worked on real machines, with their own kernels and networks; the planner's are what this
-# model of a machine would do.
+# 3.2 and 3.3); the planner keeps EP inside a node (EP 8) and uses CP or full
+# recomputation to cut activations instead. For the dense models the planner's picks reach
+# a higher MFU: ZeRO-1 in place of OLMo's and Gemma 2's ZeRO-3 where the state fits
+# (ZeRO-3 gathers every layer's weights twice a step), and less TP than 8: for Yi TP 2,
+# paid for with a deeper pipeline (16 stages of ZB-H1) and its larger bubble (9%), for
+# DeepSeek LLM TP 4 over 4 interleaved stages. The published meshes are what worked on
+# real machines, with their own kernels and networks; the planner's are what this model of
+# a machine would do.
 #
 # **Recomputation can raise throughput** (Narayanan et al.): memory freed by recomputing
 # activations buys micro-batches. Under GPipe, which holds every micro-batch's activations
@@ -673,9 +674,9 @@ print(f"full recomputation against none: {rates['full'] / rates['none'] - 1:+.0%
 # micro-batches it makes room for shrink the bubble to a quarter, and more tokens go
 # through per second. (More do not fit: the last stage holds every micro-batch's logits'
 # gradient until the backward begins, 1 GB apiece here, 8,192 tokens x 32,064 vocabulary
-# entries per tensor-parallel rank in fp32.) Selective recomputation changes nothing here: it recomputes the
-# attention scores, which FlashAttention never keeps anyway. (1F1B holds at most $p$
-# micro-batches whatever $m$, which is why it replaced GPipe.)
+# entries per tensor-parallel rank in fp32.) Selective recomputation changes nothing here:
+# it recomputes the attention scores, which FlashAttention never keeps anyway. (1F1B holds
+# at most $p$ micro-batches whatever $m$, which is why it replaced GPipe.)
 #
 # torchtitan chooses between the two extremes op by op (`recompute="op"`, offered by the
 # PyTorch stacks, `emulator/parallel/tensor_parallel/op_checkpoint.py`): each block keeps
